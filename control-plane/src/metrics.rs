@@ -1,0 +1,139 @@
+//! Prometheus metrics, served at `GET /metrics` of the admin API.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::policy::CacheOutcome;
+use crate::workers::Worker;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabel {
+    worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+/// Every metric the control plane exports.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RouteLabel, Counter>,
+    errors: Family<ReasonLabel, Counter>,
+    duration: Histogram,
+    decision_seconds: Histogram,
+    cache_hits: Counter,
+    cache_misses: Counter,
+    imbalanced: Counter,
+    failovers: Counter,
+    worker_load: Family<WorkerLabel, Gauge>,
+    worker_healthy: Family<WorkerLabel, Gauge>,
+    worker_processed: Family<WorkerLabel, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            requests: Family::default(),
+            errors: Family::default(),
+            duration: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            decision_seconds: Histogram::new(exponential_buckets(0.000_001, 2.0, 20)),
+            cache_hits: Counter::default(),
+            cache_misses: Counter::default(),
+            imbalanced: Counter::default(),
+            failovers: Counter::default(),
+            worker_load: Family::default(),
+            worker_healthy: Family::default(),
+            worker_processed: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("sgl_router_requests", "Requests routed, by route", m.requests.clone());
+        registry.register("sgl_router_request_errors", "Requests that failed, by reason", m.errors.clone());
+        registry.register(
+            "sgl_router_request_duration_seconds",
+            "Time from a request's arrival at Envoy to its end",
+            m.duration.clone(),
+        );
+        registry.register(
+            "sgl_router_decision_duration_seconds",
+            "Time the control plane took to choose a worker",
+            m.decision_seconds.clone(),
+        );
+        registry.register("sgl_router_cache_hits", "Cache-aware decisions sent to the best prefix match", m.cache_hits.clone());
+        registry.register("sgl_router_cache_misses", "Cache-aware decisions below the match threshold", m.cache_misses.clone());
+        registry.register("sgl_router_imbalanced_decisions", "Cache-aware decisions made by shortest queue because loads were imbalanced", m.imbalanced.clone());
+        registry.register("sgl_router_worker_failovers", "Requests Envoy had to send to a fallback worker", m.failovers.clone());
+        registry.register("sgl_router_worker_load", "Requests in flight per worker", m.worker_load.clone());
+        registry.register("sgl_router_worker_healthy", "1 when the worker gets new requests", m.worker_healthy.clone());
+        registry.register("sgl_router_worker_processed_requests", "Requests finished per worker", m.worker_processed.clone());
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// One routing decision for `route`.
+    pub fn decided(&self, route: &str, cache: CacheOutcome, seconds: f64) {
+        self.requests
+            .get_or_create(&RouteLabel { route: route.to_string() })
+            .inc();
+        self.decision_seconds.observe(seconds);
+        match cache {
+            CacheOutcome::Hit => self.cache_hits.inc(),
+            CacheOutcome::Miss => self.cache_misses.inc(),
+            CacheOutcome::Imbalanced => self.imbalanced.inc(),
+            CacheOutcome::NotApplicable => 0,
+        };
+    }
+
+    /// A failed request (rejected, upstream error, or failover).
+    pub fn error(&self, reason: &str) {
+        self.errors
+            .get_or_create(&ReasonLabel { reason: reason.to_string() })
+            .inc();
+    }
+
+    /// A finished request.
+    pub fn finished(&self, seconds: f64, failed_over: bool) {
+        self.duration.observe(seconds);
+        if failed_over {
+            self.failovers.inc();
+        }
+    }
+
+    /// The text exposition, with per-worker gauges read from `workers` now.
+    pub fn render(&self, workers: &[Arc<Worker>]) -> String {
+        // Rebuilt per scrape so removed workers disappear.
+        self.worker_load.clear();
+        self.worker_healthy.clear();
+        self.worker_processed.clear();
+        for w in workers {
+            let label = WorkerLabel { worker: w.url.clone() };
+            self.worker_load.get_or_create(&label).set(w.load() as i64);
+            self.worker_healthy
+                .get_or_create(&label)
+                .set(i64::from(w.is_healthy()));
+            self.worker_processed
+                .get_or_create(&label)
+                .set(w.processed() as i64);
+        }
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

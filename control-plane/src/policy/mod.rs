@@ -1,0 +1,152 @@
+//! Routing policies: given the healthy workers and a request's routing text,
+//! choose one worker.
+
+mod cache_aware;
+mod power_of_two;
+mod random;
+mod round_robin;
+
+use std::sync::Arc;
+
+pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use power_of_two::PowerOfTwo;
+pub use random::Random;
+pub use round_robin::RoundRobin;
+
+use crate::config::{Args, PolicyKind};
+use crate::workers::Worker;
+
+/// What a policy knows about one request.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteInput<'a> {
+    /// Text the cache-aware policy matches on (may be empty).
+    pub text: &'a [u8],
+}
+
+/// How the cache-aware policy reached its choice (for metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// The policy does not look at caches.
+    NotApplicable,
+    /// Sent to the worker with the best prefix match above the threshold.
+    Hit,
+    /// Match below the threshold: sent to the worker with the smallest tree.
+    Miss,
+    /// Loads were imbalanced: sent to the least loaded worker.
+    Imbalanced,
+}
+
+/// A policy's choice: an index into the worker slice it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selection {
+    /// Index of the chosen worker.
+    pub index: usize,
+    /// How it was chosen.
+    pub cache: CacheOutcome,
+}
+
+/// A routing policy. `select` is called on the request path for every
+/// request, with a non-empty slice of healthy workers.
+pub trait Policy: Send + Sync {
+    /// Name as on the command line.
+    fn name(&self) -> &'static str;
+    /// Chooses one of `workers` (never empty).
+    fn select(&self, workers: &[Arc<Worker>], input: &RouteInput<'_>) -> Selection;
+    /// Forgets a removed worker.
+    fn on_removed(&self, _worker: &Worker) {}
+    /// Periodic upkeep (tree eviction); called every `--eviction-interval-secs`.
+    fn maintain(&self) {}
+}
+
+/// The policy the flags ask for.
+pub fn build(args: &Args) -> Arc<dyn Policy> {
+    match args.policy {
+        PolicyKind::Random => Arc::new(Random),
+        PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
+        PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
+        PolicyKind::CacheAware => Arc::new(CacheAware::new(CacheAwareConfig::from(args))),
+    }
+}
+
+/// The index of the least loaded worker among those `keep` accepts; ties
+/// are broken at random so equal workers share traffic (sglang-router always
+/// picks the first, which sends idle-time traffic to one worker).
+pub(crate) fn least_loaded(workers: &[Arc<Worker>], keep: impl Fn(usize) -> bool) -> Option<usize> {
+    let mut best: Option<(usize, usize)> = None;
+    let mut ties = 0u32;
+    for (i, w) in workers.iter().enumerate().filter(|(i, _)| keep(*i)) {
+        let load = w.load();
+        match best {
+            Some((_, b)) if load > b => {}
+            Some((_, b)) if load == b => {
+                // Reservoir sampling over the tied workers.
+                ties += 1;
+                if rand::random_range(0..=ties) == 0 {
+                    best = Some((i, load));
+                }
+            }
+            _ => {
+                best = Some((i, load));
+                ties = 0;
+            }
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::sync::Arc;
+
+    use crate::workers::{Worker, WorkerAddress};
+
+    /// `n` healthy workers on loopback ports 1..=n, tenants 0..n.
+    pub fn workers(n: usize) -> Vec<Arc<Worker>> {
+        (0..n)
+            .map(|i| {
+                let port = i as u16 + 1;
+                let w = Worker::new(
+                    WorkerAddress {
+                        url: format!("http://127.0.0.1:{port}"),
+                        host: "127.0.0.1".into(),
+                        endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
+                    },
+                    i as u32,
+                );
+                w.set_healthy(true);
+                Arc::new(w)
+            })
+            .collect()
+    }
+
+    /// Sets a worker's load to `n`.
+    pub fn set_load(w: &Worker, n: usize) {
+        while w.load() > n {
+            w.decrement_load();
+        }
+        while w.load() < n {
+            w.increment_load();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn least_loaded_picks_minimum_and_spreads_ties() {
+        let ws = workers(3);
+        set_load(&ws[0], 2);
+        assert!(matches!(least_loaded(&ws, |_| true), Some(1 | 2)));
+        let mut seen = [0; 3];
+        for _ in 0..200 {
+            seen[least_loaded(&ws, |_| true).unwrap()] += 1;
+        }
+        assert_eq!(seen[0], 0);
+        assert!(seen[1] > 40 && seen[2] > 40, "ties not spread: {seen:?}");
+        assert_eq!(least_loaded(&ws, |i| i == 0), Some(0));
+        assert_eq!(least_loaded(&ws, |_| false), None);
+    }
+}

@@ -1,0 +1,43 @@
+//! The gRPC service the Envoy filter calls (see `proto/router.proto`).
+
+use std::sync::Arc;
+
+use sglang_envoy_proto::router_server::Router;
+use sglang_envoy_proto::{CompleteRequest, CompleteResponse, RouteRequest, RouteResponse};
+use tonic::{Request, Response, Status};
+
+use crate::engine::Engine;
+use crate::workers::HealthChecker;
+
+/// Adapts the [`Engine`] to the filter's gRPC contract.
+pub struct RouterService {
+    engine: Arc<Engine>,
+    health: Arc<HealthChecker>,
+}
+
+impl RouterService {
+    /// A service over `engine`; `health` checks workers Envoy failed over from.
+    pub fn new(engine: Arc<Engine>, health: Arc<HealthChecker>) -> Self {
+        RouterService { engine, health }
+    }
+}
+
+#[tonic::async_trait]
+impl Router for RouterService {
+    async fn route(&self, request: Request<RouteRequest>) -> Result<Response<RouteResponse>, Status> {
+        Ok(Response::new(self.engine.route(request.get_ref())))
+    }
+
+    async fn complete(
+        &self,
+        request: Request<CompleteRequest>,
+    ) -> Result<Response<CompleteResponse>, Status> {
+        for c in &request.get_ref().completions {
+            if let Some(worker) = self.engine.complete(c) {
+                let health = self.health.clone();
+                tokio::spawn(async move { health.suspect(&worker).await });
+            }
+        }
+        Ok(Response::new(CompleteResponse {}))
+    }
+}

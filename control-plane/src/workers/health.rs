@@ -1,0 +1,90 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::config::Args;
+use crate::workers::{Registry, Worker};
+
+/// Checks the workers' health endpoint and flips their health state after
+/// the configured number of consecutive failures or successes.
+pub struct HealthChecker {
+    registry: Arc<Registry>,
+    client: reqwest::Client,
+    path: String,
+    interval: Duration,
+    failure_threshold: u32,
+    success_threshold: u32,
+}
+
+impl HealthChecker {
+    /// A checker for `registry` with the flags' intervals and thresholds.
+    pub fn new(registry: Arc<Registry>, args: &Args) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(args.health_check_timeout_secs))
+            .connect_timeout(Duration::from_secs(args.health_check_timeout_secs))
+            .build()?;
+        Ok(HealthChecker {
+            registry,
+            client,
+            path: args.health_check_endpoint.clone(),
+            interval: Duration::from_secs(args.health_check_interval_secs),
+            failure_threshold: args.health_failure_threshold,
+            success_threshold: args.health_success_threshold,
+        })
+    }
+
+    /// One GET of the health endpoint; true on a 2xx answer.
+    pub async fn probe(&self, worker: &Worker) -> bool {
+        let url = format!("{}{}", worker.url, self.path);
+        matches!(self.client.get(&url).send().await, Ok(r) if r.status().is_success())
+    }
+
+    /// Checks every worker once, concurrently.
+    pub async fn check_all(&self) {
+        let workers = self.registry.all();
+        let checks = workers.iter().map(|w| async move {
+            let ok = self.probe(w).await;
+            if w.record_check(ok, self.failure_threshold, self.success_threshold) {
+                self.registry.health_changed();
+                if ok {
+                    info!(worker = %w.url, "worker is healthy");
+                } else {
+                    warn!(worker = %w.url, "worker is unhealthy");
+                }
+            }
+        });
+        futures::future::join_all(checks).await;
+    }
+
+    /// A newly added worker: healthy at once if its first check passes (no
+    /// reason to wait for the success threshold before its first request).
+    pub async fn admit(&self, worker: &Worker) -> bool {
+        let ok = self.probe(worker).await;
+        if ok {
+            self.registry.set_healthy(worker, true);
+        }
+        ok
+    }
+
+    /// Evidence that a worker failed a request (Envoy had to fail over):
+    /// check it now and take it out of rotation at once if it is down,
+    /// rather than after `failure_threshold` intervals.
+    pub async fn suspect(&self, worker: &Worker) {
+        if !self.probe(worker).await && worker.is_healthy() {
+            warn!(worker = %worker.url, "worker failed a request and its health check; marking unhealthy");
+            self.registry.set_healthy(worker, false);
+        }
+    }
+
+    /// Runs `check_all` every interval until the task is dropped.
+    pub async fn run(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            self.check_all().await;
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! The workers the control plane routes to: who they are, whether they are
+//! healthy, and how many requests each has in flight.
+
+mod address;
+mod health;
+mod registry;
+mod worker;
+
+pub use address::{AddressError, WorkerAddress};
+pub use health::HealthChecker;
+pub use registry::{Registry, RegistryError};
+pub use worker::Worker;

@@ -1,0 +1,191 @@
+//! Endpoint discovery (EDS) for Envoy's worker cluster.
+//!
+//! Envoy's `override_host` policy only sends a request to a host that is an
+//! endpoint of the cluster, so every registered worker is published here and
+//! workers added at run time are usable without restarting Envoy.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::{address, socket_address, Address, SocketAddress};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryService;
+use envoy_types::pb::google::protobuf::Any;
+use futures::Stream;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, warn};
+
+use crate::workers::Registry;
+
+const CLA_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// Serves `StreamEndpoints`: every requested cluster gets all registered workers.
+pub struct Eds {
+    registry: Arc<Registry>,
+}
+
+impl Eds {
+    /// An EDS server publishing `registry`.
+    pub fn new(registry: Arc<Registry>) -> Self {
+        Eds { registry }
+    }
+}
+
+fn assignment(registry: &Registry, cluster: &str) -> ClusterLoadAssignment {
+    let lb_endpoints = registry
+        .all()
+        .iter()
+        .map(|w| LbEndpoint {
+            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                address: Some(Address {
+                    address: Some(address::Address::SocketAddress(SocketAddress {
+                        address: w.endpoint.ip().to_string(),
+                        port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                            w.endpoint.port(),
+                        ))),
+                        ..Default::default()
+                    })),
+                }),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .collect();
+    ClusterLoadAssignment {
+        cluster_name: cluster.to_string(),
+        endpoints: vec![LocalityLbEndpoints {
+            lb_endpoints,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn response(registry: &Registry, names: &[String], version: u64) -> DiscoveryResponse {
+    let resources = names
+        .iter()
+        .map(|n| Any {
+            type_url: CLA_TYPE.to_string(),
+            value: assignment(registry, n).encode_to_vec(),
+        })
+        .collect();
+    DiscoveryResponse {
+        version_info: version.to_string(),
+        resources,
+        type_url: CLA_TYPE.to_string(),
+        nonce: version.to_string(),
+        ..Default::default()
+    }
+}
+
+type EdsStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl EndpointDiscoveryService for Eds {
+    type StreamEndpointsStream = EdsStream<DiscoveryResponse>;
+    type DeltaEndpointsStream = EdsStream<DeltaDiscoveryResponse>;
+
+    async fn stream_endpoints(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamEndpointsStream>, Status> {
+        let mut inbound = request.into_inner();
+        let registry = self.registry.clone();
+        let mut changes = registry.subscribe();
+        let (tx, rx) = mpsc::channel(8);
+        tokio::spawn(async move {
+            let mut names: Vec<String> = Vec::new();
+            loop {
+                let send = tokio::select! {
+                    msg = inbound.message() => match msg {
+                        Ok(Some(req)) => {
+                            if let Some(err) = &req.error_detail {
+                                warn!("Envoy rejected endpoints version {}: {}", req.version_info, err.message);
+                            }
+                            // Answer the first request and every change of the
+                            // subscribed names; ACKs need no answer.
+                            let changed = req.resource_names != names || req.response_nonce.is_empty();
+                            names = req.resource_names;
+                            changed
+                        }
+                        Ok(None) | Err(_) => break,
+                    },
+                    changed = changes.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        !names.is_empty()
+                    }
+                };
+                if send {
+                    let version = *changes.borrow_and_update();
+                    debug!(?names, version, "sending endpoints");
+                    if tx.send(Ok(response(&registry, &names, version))).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn delta_endpoints(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaEndpointsStream>, Status> {
+        Err(Status::unimplemented("use the state-of-the-world StreamEndpoints"))
+    }
+
+    async fn fetch_endpoints(
+        &self,
+        request: Request<DiscoveryRequest>,
+    ) -> Result<Response<DiscoveryResponse>, Status> {
+        let names = request.into_inner().resource_names;
+        let version = *self.registry.subscribe().borrow();
+        Ok(Response::new(response(&self.registry, &names, version)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::WorkerAddress;
+
+    #[test]
+    fn assignment_lists_every_registered_worker() {
+        let r = Registry::default();
+        for port in [7001u16, 7002] {
+            r.add(WorkerAddress {
+                url: format!("http://127.0.0.1:{port}"),
+                host: "127.0.0.1".into(),
+                endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
+            })
+            .unwrap();
+        }
+        let cla = assignment(&r, "sglang_workers");
+        assert_eq!(cla.cluster_name, "sglang_workers");
+        let ports: Vec<u32> = cla.endpoints[0]
+            .lb_endpoints
+            .iter()
+            .filter_map(|e| match &e.host_identifier {
+                Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => match &ep.address.as_ref()?.address {
+                    Some(address::Address::SocketAddress(sa)) => match sa.port_specifier {
+                        Some(socket_address::PortSpecifier::PortValue(p)) => Some(p),
+                        _ => None,
+                    },
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ports, [7001, 7002]);
+    }
+}

@@ -1,0 +1,13 @@
+/// Why a body cannot be routed. Each maps to a 400 for the client.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BodyError {
+    /// The bytes are not JSON at all.
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(String),
+    /// Valid JSON, but not an object (e.g. an array or a string).
+    #[error("request body must be a JSON object: {0}")]
+    NotAnObject(String),
+    /// A value handed to [`crate::RequestBody::with_fields`] is not JSON.
+    #[error("value to inject for `{0}` is not valid JSON")]
+    InvalidInjection(String),
+}

@@ -1,0 +1,19 @@
+//! Request bodies as the sglang-envoy filter sees them.
+//!
+//! The router must forward the client's body byte-for-byte apart from the few
+//! top-level fields it injects (sglang-router re-serialises bodies and turns
+//! `0.7` into `0.699999988079071`). So nothing here builds a JSON tree: the body
+//! is validated once, its top-level fields are located by byte span, the text
+//! the routing policies need is pulled out, and injected fields are spliced
+//! into the original bytes.
+
+mod error;
+mod openai_error;
+mod parse;
+mod route;
+mod text;
+
+pub use error::BodyError;
+pub use openai_error::openai_error_json;
+pub use parse::RequestBody;
+pub use route::{is_info_path, Route};

@@ -1,0 +1,48 @@
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+struct Detail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<()>,
+    code: u16,
+}
+
+/// The OpenAI error body: `{"error":{"message":..,"type":..,"param":null,"code":status}}`.
+///
+/// Clients such as the official `openai` package read `error.message` from it.
+pub fn openai_error_json(status: u16, kind: &str, message: &str) -> String {
+    let envelope = Envelope {
+        error: Detail {
+            message,
+            kind,
+            param: None,
+            code: status,
+        },
+    };
+    // Serialising plain strings and integers cannot fail; the fallback keeps the
+    // filter panic-free all the same.
+    serde_json::to_string(&envelope)
+        .unwrap_or_else(|_| format!("{{\"error\":{{\"message\":\"internal error\",\"type\":\"internal_error\",\"param\":null,\"code\":{status}}}}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_message_and_keeps_shape() {
+        let json = openai_error_json(400, "invalid_request_error", "bad \"quote\"");
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["error"]["message"], "bad \"quote\"");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], 400);
+        assert!(v["error"]["param"].is_null());
+    }
+}

@@ -1,0 +1,267 @@
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::BodyError;
+
+/// A validated JSON object body with the byte span of every top-level value.
+#[derive(Debug)]
+pub struct RequestBody<'a> {
+    raw: &'a [u8],
+    fields: Vec<Field<'a>>,
+    /// Offset of the object's closing `}`.
+    close: usize,
+}
+
+#[derive(Debug)]
+struct Field<'a> {
+    key: Cow<'a, str>,
+    value: &'a RawValue,
+    start: usize,
+}
+
+impl<'a> RequestBody<'a> {
+    /// Validates `raw` as one JSON object and locates its top-level fields.
+    pub fn parse(raw: &'a [u8]) -> Result<Self, BodyError> {
+        let TopLevel(entries) = serde_json::from_slice(raw).map_err(|e| {
+            if e.classify() == serde_json::error::Category::Data {
+                BodyError::NotAnObject(e.to_string())
+            } else {
+                BodyError::InvalidJson(e.to_string())
+            }
+        })?;
+        let base = raw.as_ptr() as usize;
+        let fields = entries
+            .into_iter()
+            .map(|(key, value)| Field {
+                key: key.0,
+                // RawValue borrows from `raw`, so its address gives its offset.
+                start: value.get().as_ptr() as usize - base,
+                value,
+            })
+            .collect();
+        // A valid object ends with `}` followed only by whitespace.
+        let close = raw
+            .iter()
+            .rposition(|&b| b == b'}')
+            .ok_or_else(|| BodyError::NotAnObject("no closing brace".into()))?;
+        Ok(RequestBody { raw, fields, close })
+    }
+
+    /// The value of a top-level field; the last one wins on duplicate keys, as
+    /// in Python's `json` module that SGLang workers use.
+    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.fields
+            .iter()
+            .rev()
+            .find(|f| f.key == key)
+            .map(|f| f.value)
+    }
+
+    /// True when the client asked for a streamed response (`"stream": true`).
+    pub fn is_stream(&self) -> bool {
+        self.get("stream").is_some_and(|v| v.get() == "true")
+    }
+
+    /// The body with `fields` set: existing keys get their value replaced in
+    /// place, new keys are appended before the closing brace. Every other byte
+    /// is the client's.
+    pub fn with_fields(&self, fields: &[(&str, &str)]) -> Result<Vec<u8>, BodyError> {
+        // (start, end, replacement): sorted, non-overlapping edits of `raw`.
+        let mut edits: Vec<(usize, usize, Vec<u8>)> = Vec::with_capacity(fields.len());
+        let mut appended = Vec::new();
+        for &(key, value) in fields {
+            if serde_json::from_str::<&RawValue>(value).is_err() {
+                return Err(BodyError::InvalidInjection(key.to_string()));
+            }
+            let mut found = false;
+            for f in self.fields.iter().filter(|f| f.key == key) {
+                found = true;
+                let end = f.start + f.value.get().len();
+                edits.push((f.start, end, value.as_bytes().to_vec()));
+            }
+            if !found {
+                if !self.fields.is_empty() || !appended.is_empty() {
+                    appended.push(b',');
+                }
+                let quoted = serde_json::to_string(key)
+                    .map_err(|_| BodyError::InvalidInjection(key.to_string()))?;
+                appended.extend_from_slice(quoted.as_bytes());
+                appended.push(b':');
+                appended.extend_from_slice(value.as_bytes());
+            }
+        }
+        if !appended.is_empty() {
+            edits.push((self.close, self.close, appended));
+        }
+        edits.sort_by_key(|e| e.0);
+
+        let extra: usize = edits.iter().map(|e| e.2.len()).sum();
+        let mut out = Vec::with_capacity(self.raw.len() + extra);
+        let mut at = 0;
+        for (start, end, bytes) in edits {
+            out.extend_from_slice(&self.raw[at..start]);
+            out.extend_from_slice(&bytes);
+            at = end;
+        }
+        out.extend_from_slice(&self.raw[at..]);
+        Ok(out)
+    }
+}
+
+/// A JSON string, borrowed from the body when it has no escapes.
+#[derive(Debug)]
+pub(crate) struct Str<'a>(pub(crate) Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Str<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(V(std::marker::PhantomData))
+    }
+}
+
+/// The top-level object as ordered (key, raw value) pairs, duplicates kept.
+struct TopLevel<'a>(Vec<(Str<'a>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(key) = map.next_key::<Str<'de>>()? {
+                    let value: &'de RawValue = map.next_value()?;
+                    entries.push((key, value));
+                }
+                Ok(TopLevel(entries))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inject(body: &str, fields: &[(&str, &str)]) -> String {
+        let parsed = RequestBody::parse(body.as_bytes()).unwrap();
+        String::from_utf8(parsed.with_fields(fields).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn keeps_every_client_byte_without_injection() {
+        let body = "{ \"temperature\": 0.7, \"x\": {\"b\":1,\"a\":[1e3, 1.0]},\n \"model\":\"m\" }\n";
+        assert_eq!(inject(body, &[]), body);
+    }
+
+    #[test]
+    fn replaces_existing_value_in_place() {
+        let body = r#"{"rid": "client", "temperature":0.7}"#;
+        assert_eq!(
+            inject(body, &[("rid", "\"ours\"")]),
+            r#"{"rid": "ours", "temperature":0.7}"#
+        );
+    }
+
+    #[test]
+    fn replaces_every_duplicate() {
+        let body = r#"{"a":1,"a":2}"#;
+        assert_eq!(inject(body, &[("a", "3")]), r#"{"a":3,"a":3}"#);
+    }
+
+    #[test]
+    fn appends_new_fields_before_closing_brace() {
+        assert_eq!(
+            inject(r#"{"a":1} "#, &[("b", "null"), ("c", "[1,2]")]),
+            r#"{"a":1,"b":null,"c":[1,2]} "#
+        );
+        assert_eq!(inject("{ }", &[("b", "7")]), r#"{ "b":7}"#);
+    }
+
+    #[test]
+    fn rejects_non_json_and_non_objects() {
+        assert!(matches!(
+            RequestBody::parse(b"{\"a\":"),
+            Err(BodyError::InvalidJson(_))
+        ));
+        assert!(matches!(
+            RequestBody::parse(b"[1,2]"),
+            Err(BodyError::NotAnObject(_))
+        ));
+        assert!(matches!(
+            RequestBody::parse(b"{} x"),
+            Err(BodyError::InvalidJson(_))
+        ));
+        assert!(RequestBody::parse(b"").is_err());
+        assert!(RequestBody::parse(&[0xff, 0xfe]).is_err());
+    }
+
+    #[test]
+    fn rejects_invalid_injected_value() {
+        let parsed = RequestBody::parse(b"{}").unwrap();
+        assert_eq!(
+            parsed.with_fields(&[("a", "nope")]),
+            Err(BodyError::InvalidInjection("a".into()))
+        );
+    }
+
+    #[test]
+    fn escaped_keys_are_matched_by_their_value() {
+        let body = r#"{"r\u0069d":"x"}"#;
+        let parsed = RequestBody::parse(body.as_bytes()).unwrap();
+        assert_eq!(parsed.get("rid").map(|v| v.get()), Some("\"x\""));
+    }
+
+    #[test]
+    fn stream_flag() {
+        let on = RequestBody::parse(br#"{"stream": true}"#).unwrap();
+        let off = RequestBody::parse(br#"{"stream": "true"}"#).unwrap();
+        assert!(on.is_stream());
+        assert!(!off.is_stream());
+    }
+
+    proptest::proptest! {
+        /// Whatever object the client sends, injecting fields changes nothing
+        /// but those fields: removing them again gives the client's values.
+        #[test]
+        fn injection_preserves_other_fields(
+            keys in proptest::collection::vec("[a-z]{1,6}", 0..6),
+            nums in proptest::collection::vec(-1.0e6f64..1.0e6, 6),
+        ) {
+            let mut body = String::from("{");
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 { body.push_str(", "); }
+                body.push_str(&format!("\"{k}\": {}", nums[i]));
+            }
+            body.push('}');
+            let parsed = RequestBody::parse(body.as_bytes()).unwrap();
+            let out = parsed.with_fields(&[("rid", "\"r-1\""), ("data_parallel_rank", "3")]).unwrap();
+            let again = RequestBody::parse(&out).unwrap();
+            proptest::prop_assert_eq!(again.get("rid").map(|v| v.get()), Some("\"r-1\""));
+            proptest::prop_assert_eq!(again.get("data_parallel_rank").map(|v| v.get()), Some("3"));
+            for k in keys.iter().filter(|k| *k != "rid") {
+                proptest::prop_assert_eq!(again.get(k).map(|v| v.get()), parsed.get(k).map(|v| v.get()));
+            }
+        }
+    }
+}

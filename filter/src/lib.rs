@@ -1,0 +1,27 @@
+//! The sglang-envoy proxy-wasm HTTP filter.
+//!
+//! Per request (see `http.rs`): buffer the JSON body, validate it, ask the
+//! control plane over gRPC which worker to use, splice in the fields the
+//! decision requires, name the worker in the header Envoy's `override_host`
+//! load-balancing policy reads, and resume. When the request ends, its ticket
+//! goes into a per-VM queue that the root context (`root.rs`) flushes to the
+//! control plane so load counts return to zero.
+//!
+//! Nothing here may panic: a panic kills the wasm VM for every request that
+//! follows on this Envoy worker thread.
+
+mod completions;
+mod config;
+mod http;
+mod reply;
+mod root;
+
+pub use config::FilterConfig;
+
+#[cfg(target_arch = "wasm32")]
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::Root::default())
+    });
+}}

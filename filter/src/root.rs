@@ -1,0 +1,155 @@
+use std::rc::Rc;
+use std::time::Duration;
+
+use log::{error, warn};
+use prost::Message;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::ContextType;
+use sglang_envoy_proto::{CompleteRequest, Completion, SERVICE_NAME};
+
+use crate::completions::CompletionQueue;
+use crate::config::FilterConfig;
+use crate::http::Request;
+
+/// Completions sent in one `Complete` call.
+const REPORT_BATCH: usize = 1024;
+const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The per-VM root context: holds the configuration, creates one [`Request`]
+/// per HTTP stream, and reports finished requests on a timer.
+///
+/// Reports go out from here rather than from the request's own context because
+/// Envoy cancels a context's outstanding calls when the stream is destroyed,
+/// which happens right after `on_log`.
+pub struct Root {
+    config: Rc<FilterConfig>,
+    queue: CompletionQueue,
+    tickets: TicketSource,
+    /// The batch of the report in flight, to requeue if it fails.
+    in_flight: Option<(u32, Vec<Completion>)>,
+}
+
+impl Default for Root {
+    fn default() -> Self {
+        Root {
+            config: Rc::new(FilterConfig::default()),
+            queue: CompletionQueue::default(),
+            tickets: TicketSource::new(),
+            in_flight: None,
+        }
+    }
+}
+
+impl Context for Root {
+    fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, _size: usize) {
+        match self.in_flight.take() {
+            Some((token, batch)) if token == token_id => {
+                if status_code != 0 {
+                    warn!("reporting completions failed (grpc status {status_code}); will retry");
+                    self.queue.requeue(batch);
+                }
+            }
+            other => self.in_flight = other,
+        }
+    }
+}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let raw = self.get_plugin_configuration().unwrap_or_default();
+        match FilterConfig::parse(&raw) {
+            Ok(config) => {
+                let tick = Duration::from_millis(config.report_interval_ms.max(1));
+                self.config = Rc::new(config);
+                self.set_tick_period(tick);
+                true
+            }
+            Err(e) => {
+                error!("invalid sglang-envoy filter configuration: {e}");
+                false
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        if self.in_flight.is_some() || self.queue.is_empty() {
+            return;
+        }
+        let batch = self.queue.take(REPORT_BATCH);
+        let message = CompleteRequest {
+            completions: batch,
+        }
+        .encode_to_vec();
+        match self.dispatch_grpc_call(
+            &self.config.control_plane_cluster,
+            SERVICE_NAME,
+            "Complete",
+            vec![],
+            Some(&message),
+            REPORT_TIMEOUT,
+        ) {
+            Ok(token) => {
+                // Decoding our own encoding cannot fail; keep the batch for a retry.
+                let batch = CompleteRequest::decode(message.as_slice())
+                    .map(|r| r.completions)
+                    .unwrap_or_default();
+                self.in_flight = Some((token, batch));
+            }
+            Err(status) => {
+                warn!("cannot dispatch completion report: {status:?}");
+                if let Ok(r) = CompleteRequest::decode(message.as_slice()) {
+                    self.queue.requeue(r.completions);
+                }
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Request::new(
+            self.config.clone(),
+            self.queue.clone(),
+            self.tickets.next(),
+        )))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+/// Request tickets: a random 64-bit base per VM plus a counter, so tickets of
+/// all Envoy threads and all Envoy instances sharing a control plane differ.
+struct TicketSource {
+    base: u64,
+    counter: std::cell::Cell<u64>,
+}
+
+impl TicketSource {
+    fn new() -> Self {
+        let mut seed = [0u8; 8];
+        // Without randomness, fall back to the clock: still distinct per VM
+        // start in practice.
+        if getrandom::fill(&mut seed).is_err() {
+            let nanos = proxy_wasm::hostcalls::get_current_time()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos() as u64);
+            seed = nanos.to_le_bytes();
+        }
+        TicketSource {
+            base: u64::from_le_bytes(seed),
+            counter: std::cell::Cell::new(0),
+        }
+    }
+
+    fn next(&self) -> u64 {
+        loop {
+            let n = self.counter.get().wrapping_add(1);
+            self.counter.set(n);
+            let ticket = self.base.wrapping_add(n);
+            if ticket != 0 {
+                return ticket;
+            }
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Messages (and, with the `grpc` feature, the tonic service) of the contract
+//! between the sglang-envoy wasm filter and the control plane. See
+//! `router.proto` for what each field means.
+
+#![allow(clippy::doc_lazy_continuation)]
+
+/// Generated from `router.proto`.
+pub mod v1 {
+    include!(concat!(env!("OUT_DIR"), "/sglang.envoy.router.v1.rs"));
+}
+
+pub use v1::*;
+
+/// Fully qualified gRPC service name, as the filter dispatches it.
+pub const SERVICE_NAME: &str = "sglang.envoy.router.v1.Router";
