@@ -1,20 +1,561 @@
-//! TEMPORARY stand-in; replaced by the concurrent radix tree.
-use std::collections::HashMap;
-use parking_lot::Mutex;
+//! The approximate radix tree of the cache-aware policies.
+//!
+//! One tree holds every worker's ("tenant's") history: a node is an edge
+//! label plus the set of tenants that were sent a prompt passing through it,
+//! each with its last-use time. That is the per-worker trees of sglang-router
+//! overlaid, so one walk down the tree answers "how much of this prompt does
+//! each worker hold" for all workers at once.
+//!
+//! Concurrency: each node has its own `RwLock`; there is no tree-wide lock on
+//! the insert/match path. Locks are only ever taken parent before child, and
+//! a node's label changes (splits) only under its parent's write lock, so a
+//! walker holding a parent's read lock sees its children's labels stable.
+//! Hence no deadlock.
+//!
+//! Eviction and tenant removal take a tenant away from nodes an insert may be
+//! walking below at that very moment, which would leave a node below one that
+//! no longer holds its tenant. So inserts hold a shared `gate` (a read lock:
+//! inserts never wait for each other) and every eviction step holds it
+//! exclusively for the few microseconds it takes. With that, "a tenant held by
+//! a node is held by all its ancestors" always holds.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use parking_lot::lock_api::ArcRwLockReadGuard;
+use parking_lot::{RawRwLock, RwLock};
+
+/// Small integer id of a worker (or a worker's DP rank) in the tree.
 pub type TenantId = u32;
+
+type NodeRef = Arc<RwLock<Node>>;
+
 #[derive(Default)]
-pub struct Tree { m: Mutex<HashMap<TenantId, Vec<Vec<u8>>>> }
-pub struct PrefixMatch(Vec<(TenantId, usize)>);
-impl PrefixMatch {
-    pub fn len_for(&self, t: TenantId) -> usize { self.0.iter().find(|x| x.0 == t).map_or(0, |x| x.1) }
+struct Node {
+    /// Bytes of the edge from the parent to this node.
+    label: Box<[u8]>,
+    /// Children keyed by the first byte of their label.
+    children: Vec<(u8, NodeRef)>,
+    /// Tenants holding this node, with the logical time of their last use.
+    tenants: Vec<(TenantId, AtomicU64)>,
 }
-impl Tree {
-    pub fn new() -> Self { Self::default() }
-    pub fn insert(&self, text: &[u8], t: TenantId) { self.m.lock().entry(t).or_default().push(text.to_vec()); }
-    pub fn match_prefix(&self, text: &[u8]) -> PrefixMatch {
-        PrefixMatch(self.m.lock().iter().map(|(t, v)| (*t, v.iter().map(|s| s.iter().zip(text).take_while(|(a,b)| a==b).count()).max().unwrap_or(0))).filter(|x| x.1 > 0).collect())
+
+impl Node {
+    fn child(&self, first: u8) -> Option<&NodeRef> {
+        self.children.iter().find(|(b, _)| *b == first).map(|(_, c)| c)
     }
-    pub fn tenant_size(&self, t: TenantId) -> usize { self.m.lock().get(&t).map_or(0, |v| v.iter().map(|s| s.len()).sum()) }
-    pub fn evict_to(&self, _m: usize) {}
-    pub fn remove_tenant(&self, t: TenantId) { self.m.lock().remove(&t); }
+
+    fn tenant(&self, t: TenantId) -> Option<&AtomicU64> {
+        self.tenants.iter().find(|(id, _)| *id == t).map(|(_, ts)| ts)
+    }
+
+    fn holds(&self, t: TenantId) -> bool {
+        self.tenant(t).is_some()
+    }
+}
+
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// For each tenant holding a prefix of a text, the length of that prefix.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PrefixMatch {
+    lens: Vec<(TenantId, usize)>,
+}
+
+impl PrefixMatch {
+    /// Bytes of the text `tenant` holds (0 when none).
+    pub fn len_for(&self, tenant: TenantId) -> usize {
+        self.lens
+            .iter()
+            .find(|(t, _)| *t == tenant)
+            .map_or(0, |(_, l)| *l)
+    }
+
+    /// The tenant holding the longest prefix.
+    pub fn best(&self) -> Option<(TenantId, usize)> {
+        self.lens.iter().copied().max_by_key(|(_, l)| *l)
+    }
+
+    /// Every tenant holding a non-empty prefix, with its length.
+    pub fn iter(&self) -> impl Iterator<Item = (TenantId, usize)> + '_ {
+        self.lens.iter().copied()
+    }
+
+    fn record(&mut self, t: TenantId, len: usize) {
+        match self.lens.iter_mut().find(|(id, _)| *id == t) {
+            Some((_, l)) => *l = (*l).max(len),
+            None => self.lens.push((t, len)),
+        }
+    }
+}
+
+/// The multi-tenant approximate radix tree.
+pub struct Tree {
+    root: NodeRef,
+    /// Bytes held per tenant (sum of the labels of the nodes it holds).
+    sizes: DashMap<TenantId, usize>,
+    clock: AtomicU64,
+    /// Shared by inserts, exclusive for each eviction or removal step.
+    gate: RwLock<()>,
+}
+
+impl Default for Tree {
+    fn default() -> Self {
+        Tree::new()
+    }
+}
+
+impl Tree {
+    /// An empty tree.
+    pub fn new() -> Self {
+        Tree {
+            root: Arc::new(RwLock::new(Node::default())),
+            sizes: DashMap::new(),
+            clock: AtomicU64::new(1),
+            gate: RwLock::new(()),
+        }
+    }
+
+    fn add_size(&self, t: TenantId, delta: usize) {
+        *self.sizes.entry(t).or_insert(0) += delta;
+    }
+
+    fn sub_size(&self, t: TenantId, delta: usize) {
+        if let Some(mut s) = self.sizes.get_mut(&t) {
+            *s = s.saturating_sub(delta);
+        }
+    }
+
+    /// Records that `tenant` holds `text` and all its prefixes, as used now.
+    /// Copies only the part of `text` the tree did not have.
+    pub fn insert(&self, text: &[u8], tenant: TenantId) {
+        let _gate = self.gate.read();
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        let mut node = self.root.clone();
+        let mut pos = 0;
+        while pos < text.len() {
+            let rest = &text[pos..];
+            let parent = node.read();
+            let Some(child) = parent.child(rest[0]).cloned() else {
+                drop(parent);
+                let mut parent = node.write();
+                if parent.child(rest[0]).is_some() {
+                    continue; // another insert added it; walk into it
+                }
+                parent.children.push((
+                    rest[0],
+                    Arc::new(RwLock::new(Node {
+                        label: rest.into(),
+                        children: Vec::new(),
+                        tenants: vec![(tenant, AtomicU64::new(now))],
+                    })),
+                ));
+                self.add_size(tenant, rest.len());
+                return;
+            };
+            let c = child.read();
+            let common = common_prefix(&c.label, rest);
+            if common == c.label.len() {
+                // Whole edge matches. The parent's read lock keeps the label
+                // stable while we mark the child.
+                let len = c.label.len();
+                if let Some(ts) = c.tenant(tenant) {
+                    ts.store(now, Ordering::Relaxed);
+                    drop(c);
+                } else {
+                    drop(c);
+                    let mut c = child.write();
+                    if let Some(ts) = c.tenant(tenant) {
+                        ts.store(now, Ordering::Relaxed);
+                    } else {
+                        c.tenants.push((tenant, AtomicU64::new(now)));
+                        self.add_size(tenant, len);
+                    }
+                }
+                drop(parent);
+                node = child;
+                pos += len;
+                continue;
+            }
+            drop(c);
+            drop(parent);
+            // Diverges inside the edge: split it at `common` under the
+            // parent's write lock, then walk again from the parent.
+            self.split(&node, &child, rest, common);
+        }
+    }
+
+    fn split(&self, node: &NodeRef, child: &NodeRef, rest: &[u8], common: usize) {
+        let mut parent = node.write();
+        let Some(slot) = parent
+            .children
+            .iter_mut()
+            .find(|(b, c)| *b == rest[0] && Arc::ptr_eq(c, child))
+        else {
+            return; // changed meanwhile; the caller walks again
+        };
+        let mut c = child.write();
+        if common_prefix(&c.label, rest) != common || common >= c.label.len() {
+            return;
+        }
+        let upper: Box<[u8]> = c.label[..common].into();
+        let lower: Box<[u8]> = c.label[common..].into();
+        let tenants = c
+            .tenants
+            .iter()
+            .map(|(t, ts)| (*t, AtomicU64::new(ts.load(Ordering::Relaxed))))
+            .collect();
+        // Each tenant keeps the same number of bytes: the label is split in two.
+        c.label = lower;
+        let first = c.label[0];
+        drop(c);
+        slot.1 = Arc::new(RwLock::new(Node {
+            label: upper,
+            children: vec![(first, child.clone())],
+            tenants,
+        }));
+    }
+
+    /// For every tenant, the longest prefix of `text` it holds. One walk;
+    /// read-only (last-use times change only on insert).
+    pub fn match_prefix(&self, text: &[u8]) -> PrefixMatch {
+        let mut result = PrefixMatch::default();
+        let mut guard: ArcRwLockReadGuard<RawRwLock, Node> = self.root.read_arc();
+        let mut pos = 0;
+        while pos < text.len() {
+            let Some(child) = guard.child(text[pos]).cloned() else {
+                break;
+            };
+            // Hand over hand: lock the child before letting go of the parent,
+            // so a split cannot happen in between.
+            let next = child.read_arc();
+            drop(guard);
+            guard = next;
+            let matched = common_prefix(&guard.label, &text[pos..]);
+            pos += matched;
+            for (t, _) in &guard.tenants {
+                result.record(*t, pos);
+            }
+            if matched < guard.label.len() {
+                break;
+            }
+        }
+        result
+    }
+
+    /// Bytes of text `tenant` holds.
+    pub fn tenant_size(&self, tenant: TenantId) -> usize {
+        self.sizes.get(&tenant).map_or(0, |s| *s)
+    }
+
+    /// `(tenant, bytes held)` for every tenant.
+    pub fn tenant_sizes(&self) -> Vec<(TenantId, usize)> {
+        self.sizes.iter().map(|e| (*e.key(), *e.value())).collect()
+    }
+
+    /// Trims every tenant to at most `max_size` bytes by removing it from its
+    /// least recently used leaves first. Takes two node locks at a time, so
+    /// inserts and matches elsewhere in the tree go on meanwhile.
+    pub fn evict_to(&self, max_size: usize) {
+        let over: Vec<TenantId> = self
+            .sizes
+            .iter()
+            .filter(|e| *e.value() > max_size)
+            .map(|e| *e.key())
+            .collect();
+        for t in over {
+            self.evict_tenant(t, max_size);
+        }
+    }
+
+    fn evict_tenant(&self, t: TenantId, max_size: usize) {
+        // Leaves of `t` with the path to them, least recently used first.
+        let mut paths: Vec<Vec<NodeRef>> = Vec::new();
+        let mut heap = BinaryHeap::new();
+        let mut stack = vec![vec![self.root.clone()]];
+        while let Some(path) = stack.pop() {
+            let Some(last) = path.last() else { continue };
+            let node = last.read();
+            let mut leaf = true;
+            for (_, c) in &node.children {
+                if c.read().holds(t) {
+                    leaf = false;
+                    let mut p = path.clone();
+                    p.push(c.clone());
+                    stack.push(p);
+                }
+            }
+            if leaf && path.len() > 1 {
+                let ts = node.tenant(t).map_or(0, |ts| ts.load(Ordering::Relaxed));
+                heap.push(Reverse((ts, paths.len())));
+                drop(node);
+                paths.push(path);
+            }
+        }
+        while self.tenant_size(t) > max_size {
+            let Some(Reverse((_, i))) = heap.pop() else {
+                break;
+            };
+            let path = std::mem::take(&mut paths[i]);
+            let (Some(node), Some(parent)) = (path.last(), path.len().checked_sub(2).map(|j| &path[j]))
+            else {
+                continue;
+            };
+            let _gate = self.gate.write();
+            let mut p = parent.write();
+            if !p.children.iter().any(|(_, c)| Arc::ptr_eq(c, node)) {
+                continue; // a split moved the node since the walk; next round
+            }
+            let mut n = node.write();
+            let still_leaf = n.holds(t) && !n.children.iter().any(|(_, c)| c.read().holds(t));
+            if !still_leaf {
+                continue;
+            }
+            n.tenants.retain(|(id, _)| *id != t);
+            self.sub_size(t, n.label.len());
+            if n.tenants.is_empty() && n.children.is_empty() {
+                p.children.retain(|(_, c)| !Arc::ptr_eq(c, node));
+            }
+            drop(n);
+            // The parent may now be a leaf of `t`.
+            if path.len() > 2 && !p.children.iter().any(|(_, c)| c.read().holds(t)) {
+                if let Some(ts) = p.tenant(t) {
+                    heap.push(Reverse((ts.load(Ordering::Relaxed), paths.len())));
+                    let mut up = path.clone();
+                    up.pop();
+                    paths.push(up);
+                }
+            }
+        }
+    }
+
+    /// Removes `tenant` everywhere, freeing nodes no other tenant holds.
+    pub fn remove_tenant(&self, tenant: TenantId) {
+        fn strip(node: &mut Node, t: TenantId) {
+            node.children.retain(|(_, c)| {
+                let mut c = c.write();
+                if c.holds(t) {
+                    strip(&mut c, t);
+                    c.tenants.retain(|(id, _)| *id != t);
+                }
+                !(c.tenants.is_empty() && c.children.is_empty())
+            });
+        }
+        let _gate = self.gate.write();
+        strip(&mut self.root.write(), tenant);
+        self.sizes.remove(&tenant);
+    }
+
+    /// Checks the structural invariants (tests only).
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        use std::collections::HashMap;
+        let mut sizes: HashMap<TenantId, usize> = HashMap::new();
+        fn walk(node: &Node, sizes: &mut HashMap<TenantId, usize>, is_root: bool) {
+            for (first, c) in &node.children {
+                let c = c.read();
+                assert_eq!(c.label.first(), Some(first), "child keyed by its first byte");
+                assert!(!c.tenants.is_empty(), "node without tenants kept");
+                for (t, _) in &c.tenants {
+                    assert!(is_root || node.holds(*t), "tenant {t} held below a node it does not hold");
+                    *sizes.entry(*t).or_default() += c.label.len();
+                }
+                walk(&c, sizes, false);
+            }
+        }
+        walk(&self.root.read(), &mut sizes, true);
+        for (t, s) in self.tenant_sizes() {
+            assert_eq!(sizes.get(&t).copied().unwrap_or(0), s, "size of tenant {t}");
+        }
+        for (t, s) in sizes {
+            assert_eq!(self.tenant_size(t), s, "size of tenant {t}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn insert_and_match() {
+        let t = Tree::new();
+        assert_eq!(t.match_prefix(b"hello").best(), None);
+        t.insert(b"hello world", 1);
+        t.insert(b"hello there", 2);
+        let m = t.match_prefix(b"hello world!");
+        assert_eq!(m.len_for(1), 11);
+        assert_eq!(m.len_for(2), 6);
+        assert_eq!(m.best(), Some((1, 11)));
+        assert_eq!(t.match_prefix(b"help").len_for(1), 3, "partial match inside an edge counts");
+        assert_eq!(t.match_prefix(b"").best(), None);
+        assert_eq!(t.tenant_size(1), 11);
+        assert_eq!(t.tenant_size(2), 11);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn split_keeps_tenants_and_sizes() {
+        let t = Tree::new();
+        t.insert(b"abcdef", 1);
+        t.insert(b"abcxyz", 2);
+        t.insert(b"ab", 3);
+        assert_eq!(t.tenant_size(1), 6);
+        assert_eq!(t.tenant_size(2), 6);
+        assert_eq!(t.tenant_size(3), 2);
+        assert_eq!(t.match_prefix(b"abcdef").len_for(2), 3);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn eviction_removes_least_recently_used_leaf_first() {
+        let t = Tree::new();
+        t.insert(b"common-AAAA", 1);
+        t.insert(b"common-BBBB", 1);
+        t.insert(b"common-AAAA", 1); // A is now the most recent
+        assert_eq!(t.tenant_size(1), 15);
+        t.evict_to(11);
+        assert_eq!(t.match_prefix(b"common-AAAA").len_for(1), 11);
+        assert_eq!(t.match_prefix(b"common-BBBB").len_for(1), 7);
+        assert_eq!(t.tenant_size(1), 11);
+        t.check_invariants();
+        t.evict_to(0);
+        assert_eq!(t.tenant_size(1), 0);
+        assert_eq!(t.match_prefix(b"common").best(), None);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn eviction_only_touches_oversized_tenants() {
+        let t = Tree::new();
+        t.insert(b"shared prefix one", 1);
+        t.insert(b"shared prefix two", 2);
+        t.insert(b"shared prefix three", 2);
+        t.evict_to(17);
+        assert_eq!(t.tenant_size(1), 17);
+        assert!(t.tenant_size(2) <= 17);
+        assert_eq!(t.match_prefix(b"shared prefix one").len_for(1), 17);
+        t.check_invariants();
+    }
+
+    #[test]
+    fn remove_tenant_keeps_shared_nodes() {
+        let t = Tree::new();
+        t.insert(b"shared-x", 1);
+        t.insert(b"shared-y", 2);
+        t.remove_tenant(1);
+        assert_eq!(t.tenant_size(1), 0);
+        assert_eq!(t.match_prefix(b"shared-x").len_for(1), 0);
+        assert_eq!(t.match_prefix(b"shared-y").len_for(2), 8);
+        t.check_invariants();
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(String, TenantId),
+        Match(String),
+        Remove(TenantId),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => ("[ab]{0,8}", 0u32..4).prop_map(|(s, t)| Op::Insert(s, t)),
+            3 => "[ab]{0,8}".prop_map(Op::Match),
+            1 => (0u32..4).prop_map(Op::Remove),
+        ]
+    }
+
+    proptest! {
+        /// Against a naive model: a tenant's match is its longest common
+        /// prefix with any string it was given.
+        #[test]
+        fn matches_naive_model(ops in proptest::collection::vec(op(), 1..60)) {
+            let tree = Tree::new();
+            let mut model: HashMap<TenantId, Vec<String>> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Insert(s, t) => {
+                        tree.insert(s.as_bytes(), t);
+                        model.entry(t).or_default().push(s);
+                    }
+                    Op::Remove(t) => {
+                        tree.remove_tenant(t);
+                        model.remove(&t);
+                    }
+                    Op::Match(q) => {
+                        let m = tree.match_prefix(q.as_bytes());
+                        for t in 0..4 {
+                            let want = model.get(&t).map_or(0, |v| v.iter()
+                                .map(|s| common_prefix(s.as_bytes(), q.as_bytes()))
+                                .max()
+                                .unwrap_or(0));
+                            prop_assert_eq!(m.len_for(t), want, "tenant {} query {:?}", t, q);
+                        }
+                    }
+                }
+            }
+            tree.check_invariants();
+        }
+    }
+
+    #[test]
+    fn concurrent_inserts_matches_and_evictions_keep_invariants() {
+        use rand::{Rng, SeedableRng};
+        let tree = Arc::new(Tree::new());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let evictor = {
+            let (tree, stop) = (tree.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    tree.evict_to(200);
+                    n += 1;
+                    if n % 50 == 0 {
+                        tree.remove_tenant(3);
+                    }
+                }
+            })
+        };
+        let writers: Vec<_> = (0..4u64)
+            .map(|seed| {
+                let tree = tree.clone();
+                std::thread::spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                    for _ in 0..3000 {
+                        let len = rng.random_range(0..40);
+                        let s: Vec<u8> = (0..len).map(|_| b"abc"[rng.random_range(0..3)]).collect();
+                        let t = rng.random_range(0..4);
+                        if rng.random_bool(0.6) {
+                            tree.insert(&s, t);
+                        } else {
+                            let m = tree.match_prefix(&s);
+                            assert!(m.iter().all(|(_, l)| l <= s.len()));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        evictor.join().unwrap();
+        tree.check_invariants();
+        // With eviction stopped, what is inserted now is held in full.
+        let probes: Vec<&[u8]> = vec![b"abcabc", b"cab", b"aaaaaaaaaaab"];
+        for (i, p) in probes.iter().enumerate() {
+            tree.insert(p, i as u32);
+        }
+        for (i, p) in probes.iter().enumerate() {
+            assert_eq!(tree.match_prefix(p).len_for(i as u32), p.len());
+        }
+        tree.check_invariants();
+    }
 }

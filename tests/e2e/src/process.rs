@@ -1,0 +1,67 @@
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// A child process killed when dropped; its output goes to a log file whose
+/// tail is printed if the test is failing.
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `program` with `args`, logging to `dir/name.log`.
+    pub fn spawn(name: &str, program: &Path, args: &[String], dir: &Path) -> anyhow::Result<Proc> {
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log)?;
+        let child = Command::new(program)
+            .args(args)
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", program.display()))?;
+        Ok(Proc {
+            name: name.to_string(),
+            child: Some(child),
+            log,
+        })
+    }
+
+    /// Kills the process now (SIGKILL, like a crash) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The process's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            eprintln!("---- last lines of {} ----", self.name);
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+        self.kill();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}

@@ -1,0 +1,296 @@
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use crate::process::{free_port, Proc};
+use crate::wait_until;
+
+static STACKS: AtomicUsize = AtomicUsize::new(0);
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn release_bin(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    target.join("release").join(name)
+}
+
+fn envoy_bin() -> PathBuf {
+    std::env::var_os("SGLANG_ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/envoy"))
+}
+
+/// The venv's Python (with the `openai` package), for client-compatibility tests.
+pub fn venv_python() -> PathBuf {
+    envoy_bin().with_file_name("python")
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    /// Simulated workers registered at start.
+    pub workers: usize,
+    /// `--policy` of the control plane.
+    pub policy: String,
+    /// Extra control-plane flags.
+    pub cp_args: Vec<String>,
+    /// Extra flags of every simulated worker.
+    pub worker_args: Vec<String>,
+    /// The filter's body limit.
+    pub max_body_bytes: usize,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        StackOptions {
+            workers: 2,
+            policy: "cache_aware".into(),
+            cp_args: Vec::new(),
+            // Fast simulated GPUs keep the suite quick.
+            worker_args: vec![
+                "--prefill-us-per-token".into(),
+                "1".into(),
+                "--decode-us-per-token".into(),
+                "100".into(),
+            ],
+            max_body_bytes: 33_554_432,
+        }
+    }
+}
+
+/// One simulated SGLang worker process.
+pub struct SimWorker {
+    /// `http://127.0.0.1:port`
+    pub url: String,
+    proc: Proc,
+}
+
+impl SimWorker {
+    /// Starts a simulated worker and waits for its `/health`.
+    pub async fn start(dir: &Path, args: &[String]) -> anyhow::Result<SimWorker> {
+        let port = free_port();
+        let mut all = vec!["--port".to_string(), port.to_string()];
+        all.extend_from_slice(args);
+        let proc = Proc::spawn(
+            &format!("worker-{port}"),
+            &release_bin("sglang-sim-worker"),
+            &all,
+            dir,
+        )?;
+        let w = SimWorker {
+            url: format!("http://127.0.0.1:{port}"),
+            proc,
+        };
+        let health = format!("{}/health", w.url);
+        if !wait_until(Duration::from_secs(20), || ok(&health)).await {
+            bail!("simulated worker {} did not become healthy", w.url);
+        }
+        Ok(w)
+    }
+
+    /// Requests the worker received (see the simulator's `/_sim/requests`).
+    pub async fn requests(&self) -> Vec<Value> {
+        get_json(&format!("{}/_sim/requests", self.url))
+            .await
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    /// Inference requests the worker received.
+    pub async fn served(&self) -> u64 {
+        get_json(&format!("{}/_sim/stats", self.url))
+            .await
+            .and_then(|v| v["requests_total"].as_u64())
+            .unwrap_or(0)
+    }
+
+    /// Changes the simulator's switches (`fail_status`, `stall`, `healthy`...).
+    pub async fn configure(&self, config: Value) {
+        let _ = reqwest::Client::new()
+            .post(format!("{}/_sim/config", self.url))
+            .json(&config)
+            .send()
+            .await;
+    }
+
+    /// Kills the worker like a crash.
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+}
+
+/// Envoy + control plane + simulated workers.
+pub struct Stack {
+    /// The simulated workers, in registration order.
+    pub workers: Vec<SimWorker>,
+    /// `http://127.0.0.1:port` of Envoy's client listener.
+    pub base: String,
+    /// `http://127.0.0.1:port` of the control plane's admin API.
+    pub admin: String,
+    /// Where logs and the rendered config live.
+    pub dir: PathBuf,
+    cp: Proc,
+    envoy: Proc,
+}
+
+async fn ok(url: &str) -> bool {
+    matches!(reqwest::get(url).await, Ok(r) if r.status().is_success())
+}
+
+async fn get_json(url: &str) -> Option<Value> {
+    reqwest::get(url).await.ok()?.json().await.ok()
+}
+
+impl Stack {
+    /// Starts everything and waits until Envoy routes to the workers.
+    pub async fn start(opts: StackOptions) -> anyhow::Result<Stack> {
+        let n = STACKS.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("sglang-e2e-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+
+        let mut workers = Vec::new();
+        for _ in 0..opts.workers {
+            workers.push(SimWorker::start(&dir, &opts.worker_args).await?);
+        }
+
+        let (admin_port, grpc_port) = (free_port(), free_port());
+        let mut args = vec![
+            "--admin-port".to_string(),
+            admin_port.to_string(),
+            "--grpc-port".into(),
+            grpc_port.to_string(),
+            "--policy".into(),
+            opts.policy.clone(),
+            "--health-check-interval-secs".into(),
+            "1".into(),
+            "--log-level".into(),
+            "debug".into(),
+        ];
+        if !workers.is_empty() {
+            args.push("--worker-urls".into());
+            args.extend(workers.iter().map(|w| w.url.clone()));
+        }
+        args.extend(opts.cp_args.iter().cloned());
+        let cp = Proc::spawn(
+            "control-plane",
+            &release_bin("sglang-envoy-control-plane"),
+            &args,
+            &dir,
+        )?;
+        let admin = format!("http://127.0.0.1:{admin_port}");
+        let cp_health = format!("{admin}/health");
+        if !wait_until(Duration::from_secs(20), || ok(&cp_health)).await {
+            bail!("control plane did not start:\n{}", cp.log());
+        }
+
+        let (port, envoy_admin) = (free_port(), free_port());
+        let template = std::fs::read_to_string(root().join("envoy/envoy.yaml"))
+            .context("reading envoy/envoy.yaml")?;
+        let wasm = root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
+        let config = template
+            .replace("{{LISTEN_HOST}}", "127.0.0.1")
+            .replace("{{LISTEN_PORT}}", &port.to_string())
+            .replace("{{ENVOY_ADMIN_PORT}}", &envoy_admin.to_string())
+            .replace("{{CONTROL_PLANE_HOST}}", "127.0.0.1")
+            .replace("{{CONTROL_PLANE_GRPC_PORT}}", &grpc_port.to_string())
+            .replace("{{CONTROL_PLANE_ADMIN_PORT}}", &admin_port.to_string())
+            .replace("{{MAX_BODY_BYTES}}", &opts.max_body_bytes.to_string())
+            .replace("{{FILTER_WASM}}", &wasm.display().to_string());
+        if config.contains("{{") {
+            bail!("envoy/envoy.yaml has a placeholder the harness does not fill");
+        }
+        let config_path = dir.join("envoy.yaml");
+        std::fs::write(&config_path, config)?;
+        let envoy = Proc::spawn(
+            "envoy",
+            &envoy_bin(),
+            &[
+                "-c".into(),
+                config_path.display().to_string(),
+                "--concurrency".into(),
+                "1".into(),
+                "--disable-hot-restart".into(),
+                "--log-level".into(),
+                "warn".into(),
+            ],
+            &dir,
+        )?;
+        let stack = Stack {
+            workers,
+            base: format!("http://127.0.0.1:{port}"),
+            admin,
+            dir,
+            cp,
+            envoy,
+        };
+        // Ready when a request through Envoy reaches a worker (or, with no
+        // workers, when the admin route answers).
+        let probe = if stack.workers.is_empty() {
+            stack.url("/health")
+        } else {
+            stack.url("/v1/models")
+        };
+        if !wait_until(Duration::from_secs(30), || ok(&probe)).await {
+            bail!("Envoy did not become ready:\n{}", stack.envoy.log());
+        }
+        Ok(stack)
+    }
+
+    /// A URL on Envoy's client port.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// POSTs a raw JSON body through Envoy.
+    pub async fn post(&self, path: &str, body: &str) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("Envoy did not answer")
+    }
+
+    /// `(worker url, load)` from `/get_loads` through Envoy.
+    pub async fn loads(&self) -> Vec<(String, u64)> {
+        get_json(&self.url("/get_loads"))
+            .await
+            .and_then(|v| v["workers"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|w| {
+                (
+                    w["worker"].as_str().unwrap_or_default().to_string(),
+                    w["load"].as_u64().unwrap_or(u64::MAX),
+                )
+            })
+            .collect()
+    }
+
+    /// Waits until every worker's load is zero.
+    pub async fn wait_loads_zero(&self, timeout: Duration) -> bool {
+        wait_until(timeout, || async {
+            let loads = self.loads().await;
+            !loads.is_empty() && loads.iter().all(|(_, l)| *l == 0)
+        })
+        .await
+    }
+
+    /// Kills the control plane like a crash.
+    pub fn kill_control_plane(&mut self) {
+        self.cp.kill();
+    }
+
+    /// The control plane's log so far.
+    pub fn control_plane_log(&self) -> String {
+        self.cp.log()
+    }
+}
