@@ -72,6 +72,7 @@ struct UrlParam {
 #[derive(Serialize)]
 struct WorkerView {
     url: String,
+    host: String,
     endpoint: String,
     worker_type: &'static str,
     healthy: bool,
@@ -83,6 +84,7 @@ impl From<&Arc<Worker>> for WorkerView {
     fn from(w: &Arc<Worker>) -> Self {
         WorkerView {
             url: w.url.clone(),
+            host: w.host.clone(),
             endpoint: w.endpoint_text.clone(),
             worker_type: "regular",
             healthy: w.is_healthy(),
@@ -118,7 +120,11 @@ async fn add_worker_query(State(s): State<AdminState>, Query(q): Query<UrlParam>
         return missing_url();
     };
     match add(&s, &url).await {
-        Ok(w) => (StatusCode::OK, format!("Successfully added worker: {}", w.url)).into_response(),
+        Ok(w) => (
+            StatusCode::OK,
+            format!("Successfully added worker: {}", w.url),
+        )
+            .into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -128,13 +134,23 @@ async fn remove_worker_query(State(s): State<AdminState>, Query(q): Query<UrlPar
         return missing_url();
     };
     match remove(&s, &url) {
-        Ok(w) => (StatusCode::OK, format!("Successfully removed worker: {}", w.url)).into_response(),
+        Ok(w) => (
+            StatusCode::OK,
+            format!("Successfully removed worker: {}", w.url),
+        )
+            .into_response(),
         Err(e) => e.into_response(),
     }
 }
 
 async fn list_workers(State(s): State<AdminState>) -> Response {
-    let urls: Vec<String> = s.engine.registry().all().iter().map(|w| w.url.clone()).collect();
+    let urls: Vec<String> = s
+        .engine
+        .registry()
+        .all()
+        .iter()
+        .map(|w| w.url.clone())
+        .collect();
     Json(json!({ "urls": urls })).into_response()
 }
 

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sglang_envoy_body::{is_info_path, Route};
-use sglang_envoy_proto::{route_response, Completion, Decision, Rejection, RouteRequest, RouteResponse};
+use sglang_envoy_proto::{
+    route_response, Completion, Decision, Rejection, RouteRequest, RouteResponse,
+};
 use tracing::debug;
 
 use crate::metrics::Metrics;
@@ -103,7 +105,8 @@ impl Engine {
             worker.decrement_load();
         }
         let seconds = started.elapsed().as_secs_f64();
-        self.metrics.decided(route_label(route), selection.cache, seconds);
+        self.metrics
+            .decided(route_label(route), selection.cache, seconds);
         debug!(
             path = %req.path,
             worker = %worker.url,
@@ -217,7 +220,12 @@ mod tests {
                 .unwrap();
             registry.set_healthy(&w, true);
         }
-        Engine::new(registry, Arc::new(RoundRobin::default()), Arc::new(Metrics::default()), 2)
+        Engine::new(
+            registry,
+            Arc::new(RoundRobin::default()),
+            Arc::new(Metrics::default()),
+            2,
+        )
     }
 
     fn ask(e: &Engine, ticket: u64) -> RouteResponse {
@@ -281,7 +289,12 @@ mod tests {
     #[test]
     fn completion_before_decision_leaves_no_load() {
         let e = engine(1);
-        assert!(e.complete(&Completion { ticket: 9, ..Default::default() }).is_none());
+        assert!(e
+            .complete(&Completion {
+                ticket: 9,
+                ..Default::default()
+            })
+            .is_none());
         let d = decision(ask(&e, 9));
         assert_eq!(e.registry().get(&d.worker_url).unwrap().load(), 0);
         assert_eq!(e.in_flight(), 0);

@@ -1,1 +1,19 @@
+//! The sglang-envoy control plane as a library: the binary in `main.rs` wires
+//! these pieces together; benchmarks and tests use them directly.
+//!
+//! Data flow: the filter's `Route` call (`service`) reaches the `engine`,
+//! which reads the healthy `workers` snapshot, asks the `policy` (which may
+//! consult the radix `tree`), counts load under the request's ticket
+//! (`tickets`) and answers; `Complete` releases the load. `xds` publishes the
+//! workers to Envoy, `admin` changes them, `metrics` reports on all of it.
 
+pub mod admin;
+pub mod config;
+pub mod engine;
+pub mod metrics;
+pub mod policy;
+pub mod service;
+pub mod tickets;
+pub mod tree;
+pub mod workers;
+pub mod xds;

@@ -8,17 +8,6 @@
 //! - background upkeep: health checks, tree eviction, and releasing the load
 //!   of requests whose end was never reported.
 
-mod admin;
-mod config;
-mod engine;
-mod metrics;
-mod policy;
-mod service;
-mod tickets;
-mod tree;
-mod workers;
-mod xds;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,10 +18,11 @@ use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_se
 use sglang_envoy_proto::router_server::RouterServer;
 use tracing::{info, warn};
 
-use crate::config::Args;
-use crate::engine::Engine;
-use crate::metrics::Metrics;
-use crate::workers::{HealthChecker, Registry};
+use sglang_envoy_control_plane::config::Args;
+use sglang_envoy_control_plane::engine::Engine;
+use sglang_envoy_control_plane::metrics::Metrics;
+use sglang_envoy_control_plane::workers::{HealthChecker, Registry};
+use sglang_envoy_control_plane::{admin, policy, service, xds};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -81,8 +71,14 @@ async fn main() -> anyhow::Result<()> {
     );
 
     tokio::spawn(health.clone().run());
-    tokio::spawn(evict(policy.clone(), Duration::from_secs(args.eviction_interval_secs)));
-    tokio::spawn(reap(engine.clone(), Duration::from_secs(args.request_timeout_secs)));
+    tokio::spawn(evict(
+        policy.clone(),
+        Duration::from_secs(args.eviction_interval_secs),
+    ));
+    tokio::spawn(reap(
+        engine.clone(),
+        Duration::from_secs(args.request_timeout_secs),
+    ));
 
     let grpc_addr = SocketAddr::new(args.host, args.grpc_port);
     let grpc = tonic::transport::Server::builder()
@@ -90,7 +86,9 @@ async fn main() -> anyhow::Result<()> {
             engine.clone(),
             health.clone(),
         )))
-        .add_service(EndpointDiscoveryServiceServer::new(xds::Eds::new(registry.clone())))
+        .add_service(EndpointDiscoveryServiceServer::new(xds::Eds::new(
+            registry.clone(),
+        )))
         .serve(grpc_addr);
 
     let admin_addr = SocketAddr::new(args.host, args.admin_port);
@@ -131,7 +129,10 @@ async fn reap(engine: Arc<Engine>, timeout: Duration) {
         tick.tick().await;
         let n = engine.reap(timeout);
         if n > 0 {
-            warn!(released = n, "released load of requests whose end was never reported");
+            warn!(
+                released = n,
+                "released load of requests whose end was never reported"
+            );
         }
     }
 }

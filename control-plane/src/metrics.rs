@@ -61,8 +61,16 @@ impl Default for Metrics {
             worker_processed: Family::default(),
             registry: Registry::default(),
         };
-        registry.register("sgl_router_requests", "Requests routed, by route", m.requests.clone());
-        registry.register("sgl_router_request_errors", "Requests that failed, by reason", m.errors.clone());
+        registry.register(
+            "sgl_router_requests",
+            "Requests routed, by route",
+            m.requests.clone(),
+        );
+        registry.register(
+            "sgl_router_request_errors",
+            "Requests that failed, by reason",
+            m.errors.clone(),
+        );
         registry.register(
             "sgl_router_request_duration_seconds",
             "Time from a request's arrival at Envoy to its end",
@@ -73,13 +81,41 @@ impl Default for Metrics {
             "Time the control plane took to choose a worker",
             m.decision_seconds.clone(),
         );
-        registry.register("sgl_router_cache_hits", "Cache-aware decisions sent to the best prefix match", m.cache_hits.clone());
-        registry.register("sgl_router_cache_misses", "Cache-aware decisions below the match threshold", m.cache_misses.clone());
-        registry.register("sgl_router_imbalanced_decisions", "Cache-aware decisions made by shortest queue because loads were imbalanced", m.imbalanced.clone());
-        registry.register("sgl_router_worker_failovers", "Requests Envoy had to send to a fallback worker", m.failovers.clone());
-        registry.register("sgl_router_worker_load", "Requests in flight per worker", m.worker_load.clone());
-        registry.register("sgl_router_worker_healthy", "1 when the worker gets new requests", m.worker_healthy.clone());
-        registry.register("sgl_router_worker_processed_requests", "Requests finished per worker", m.worker_processed.clone());
+        registry.register(
+            "sgl_router_cache_hits",
+            "Cache-aware decisions sent to the best prefix match",
+            m.cache_hits.clone(),
+        );
+        registry.register(
+            "sgl_router_cache_misses",
+            "Cache-aware decisions below the match threshold",
+            m.cache_misses.clone(),
+        );
+        registry.register(
+            "sgl_router_imbalanced_decisions",
+            "Cache-aware decisions made by shortest queue because loads were imbalanced",
+            m.imbalanced.clone(),
+        );
+        registry.register(
+            "sgl_router_worker_failovers",
+            "Requests Envoy had to send to a fallback worker",
+            m.failovers.clone(),
+        );
+        registry.register(
+            "sgl_router_worker_load",
+            "Requests in flight per worker",
+            m.worker_load.clone(),
+        );
+        registry.register(
+            "sgl_router_worker_healthy",
+            "1 when the worker gets new requests",
+            m.worker_healthy.clone(),
+        );
+        registry.register(
+            "sgl_router_worker_processed_requests",
+            "Requests finished per worker",
+            m.worker_processed.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -88,7 +124,9 @@ impl Metrics {
     /// One routing decision for `route`.
     pub fn decided(&self, route: &str, cache: CacheOutcome, seconds: f64) {
         self.requests
-            .get_or_create(&RouteLabel { route: route.to_string() })
+            .get_or_create(&RouteLabel {
+                route: route.to_string(),
+            })
             .inc();
         self.decision_seconds.observe(seconds);
         match cache {
@@ -102,7 +140,9 @@ impl Metrics {
     /// A failed request (rejected, upstream error, or failover).
     pub fn error(&self, reason: &str) {
         self.errors
-            .get_or_create(&ReasonLabel { reason: reason.to_string() })
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
             .inc();
     }
 
@@ -121,7 +161,9 @@ impl Metrics {
         self.worker_healthy.clear();
         self.worker_processed.clear();
         for w in workers {
-            let label = WorkerLabel { worker: w.url.clone() };
+            let label = WorkerLabel {
+                worker: w.url.clone(),
+            };
             self.worker_load.get_or_create(&label).set(w.load() as i64);
             self.worker_healthy
                 .get_or_create(&label)

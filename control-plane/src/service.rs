@@ -24,7 +24,10 @@ impl RouterService {
 
 #[tonic::async_trait]
 impl Router for RouterService {
-    async fn route(&self, request: Request<RouteRequest>) -> Result<Response<RouteResponse>, Status> {
+    async fn route(
+        &self,
+        request: Request<RouteRequest>,
+    ) -> Result<Response<RouteResponse>, Status> {
         Ok(Response::new(self.engine.route(request.get_ref())))
     }
 

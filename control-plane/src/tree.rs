@@ -45,11 +45,17 @@ struct Node {
 
 impl Node {
     fn child(&self, first: u8) -> Option<&NodeRef> {
-        self.children.iter().find(|(b, _)| *b == first).map(|(_, c)| c)
+        self.children
+            .iter()
+            .find(|(b, _)| *b == first)
+            .map(|(_, c)| c)
     }
 
     fn tenant(&self, t: TenantId) -> Option<&AtomicU64> {
-        self.tenants.iter().find(|(id, _)| *id == t).map(|(_, ts)| ts)
+        self.tenants
+            .iter()
+            .find(|(id, _)| *id == t)
+            .map(|(_, ts)| ts)
     }
 
     fn holds(&self, t: TenantId) -> bool {
@@ -302,7 +308,8 @@ impl Tree {
                 break;
             };
             let path = std::mem::take(&mut paths[i]);
-            let (Some(node), Some(parent)) = (path.last(), path.len().checked_sub(2).map(|j| &path[j]))
+            let (Some(node), Some(parent)) =
+                (path.last(), path.len().checked_sub(2).map(|j| &path[j]))
             else {
                 continue;
             };
@@ -359,10 +366,17 @@ impl Tree {
         fn walk(node: &Node, sizes: &mut HashMap<TenantId, usize>, is_root: bool) {
             for (first, c) in &node.children {
                 let c = c.read();
-                assert_eq!(c.label.first(), Some(first), "child keyed by its first byte");
+                assert_eq!(
+                    c.label.first(),
+                    Some(first),
+                    "child keyed by its first byte"
+                );
                 assert!(!c.tenants.is_empty(), "node without tenants kept");
                 for (t, _) in &c.tenants {
-                    assert!(is_root || node.holds(*t), "tenant {t} held below a node it does not hold");
+                    assert!(
+                        is_root || node.holds(*t),
+                        "tenant {t} held below a node it does not hold"
+                    );
                     *sizes.entry(*t).or_default() += c.label.len();
                 }
                 walk(&c, sizes, false);
@@ -394,7 +408,11 @@ mod tests {
         assert_eq!(m.len_for(1), 11);
         assert_eq!(m.len_for(2), 6);
         assert_eq!(m.best(), Some((1, 11)));
-        assert_eq!(t.match_prefix(b"help").len_for(1), 3, "partial match inside an edge counts");
+        assert_eq!(
+            t.match_prefix(b"help").len_for(1),
+            3,
+            "partial match inside an edge counts"
+        );
         assert_eq!(t.match_prefix(b"").best(), None);
         assert_eq!(t.tenant_size(1), 11);
         assert_eq!(t.tenant_size(2), 11);

@@ -128,7 +128,11 @@ impl EndpointDiscoveryService for Eds {
                 if send {
                     let version = *changes.borrow_and_update();
                     debug!(?names, version, "sending endpoints");
-                    if tx.send(Ok(response(&registry, &names, version))).await.is_err() {
+                    if tx
+                        .send(Ok(response(&registry, &names, version)))
+                        .await
+                        .is_err()
+                    {
                         break;
                     }
                 }
@@ -141,7 +145,9 @@ impl EndpointDiscoveryService for Eds {
         &self,
         _request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaEndpointsStream>, Status> {
-        Err(Status::unimplemented("use the state-of-the-world StreamEndpoints"))
+        Err(Status::unimplemented(
+            "use the state-of-the-world StreamEndpoints",
+        ))
     }
 
     async fn fetch_endpoints(
@@ -176,13 +182,15 @@ mod tests {
             .lb_endpoints
             .iter()
             .filter_map(|e| match &e.host_identifier {
-                Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => match &ep.address.as_ref()?.address {
-                    Some(address::Address::SocketAddress(sa)) => match sa.port_specifier {
-                        Some(socket_address::PortSpecifier::PortValue(p)) => Some(p),
+                Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => {
+                    match &ep.address.as_ref()?.address {
+                        Some(address::Address::SocketAddress(sa)) => match sa.port_specifier {
+                            Some(socket_address::PortSpecifier::PortValue(p)) => Some(p),
+                            _ => None,
+                        },
                         _ => None,
-                    },
-                    _ => None,
-                },
+                    }
+                }
                 _ => None,
             })
             .collect();

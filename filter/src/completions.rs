@@ -67,10 +67,16 @@ mod tests {
             q.push(c(t));
         }
         let first = q.take(3);
-        assert_eq!(first.iter().map(|c| c.ticket).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(
+            first.iter().map(|c| c.ticket).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
         q.requeue(first);
         let all = q.take(10);
-        assert_eq!(all.iter().map(|c| c.ticket).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+        assert_eq!(
+            all.iter().map(|c| c.ticket).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5]
+        );
         assert!(q.is_empty());
     }
 }

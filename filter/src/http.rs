@@ -6,7 +6,9 @@ use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use sglang_envoy_body::{is_info_path, RequestBody, Route};
-use sglang_envoy_proto::{route_response, Completion, Decision, RouteRequest, RouteResponse, SERVICE_NAME};
+use sglang_envoy_proto::{
+    route_response, Completion, Decision, RouteRequest, RouteResponse, SERVICE_NAME,
+};
 
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
@@ -28,6 +30,7 @@ pub struct Request {
 }
 
 impl Request {
+    /// A stream with its `ticket`, reporting its end into `queue`.
     pub fn new(config: Rc<FilterConfig>, queue: CompletionQueue, ticket: u64) -> Self {
         Request {
             config,
@@ -48,7 +51,9 @@ impl Request {
             method: self.method.clone(),
             routing_text,
             stream,
-            request_id: self.get_http_request_header("x-request-id").unwrap_or_default(),
+            request_id: self
+                .get_http_request_header("x-request-id")
+                .unwrap_or_default(),
             body_bytes: body_bytes as u64,
             ticket: self.ticket,
         }
@@ -124,7 +129,10 @@ impl Request {
 impl Context for Request {
     fn on_grpc_call_response(&mut self, _token: u32, status_code: u32, size: usize) {
         if status_code != 0 {
-            warn!("control plane answered grpc status {status_code} for {}", self.path);
+            warn!(
+                "control plane answered grpc status {status_code} for {}",
+                self.path
+            );
             send_error(
                 self,
                 503,
@@ -133,7 +141,9 @@ impl Context for Request {
             );
             return;
         }
-        let bytes = self.get_grpc_call_response_body(0, size).unwrap_or_default();
+        let bytes = self
+            .get_grpc_call_response_body(0, size)
+            .unwrap_or_default();
         match RouteResponse::decode(bytes.as_slice()).map(|r| r.outcome) {
             Ok(Some(route_response::Outcome::Decision(d))) => self.apply(d),
             Ok(Some(route_response::Outcome::Rejection(r))) => {
@@ -160,11 +170,21 @@ impl HttpContext for Request {
 
         if let Some(route) = Route::from_path(&self.path) {
             if self.method != "POST" {
-                send_error(self, 405, "invalid_request_error", "use POST for this route");
+                send_error(
+                    self,
+                    405,
+                    "invalid_request_error",
+                    "use POST for this route",
+                );
                 return Action::Pause;
             }
             if end_of_stream {
-                send_error(self, 400, "invalid_request_error", "request body is required");
+                send_error(
+                    self,
+                    400,
+                    "invalid_request_error",
+                    "request body is required",
+                );
                 return Action::Pause;
             }
             if let Some(len) = self

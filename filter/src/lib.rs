@@ -10,11 +10,13 @@
 //! Nothing here may panic: a panic kills the wasm VM for every request that
 //! follows on this Envoy worker thread.
 
-mod completions;
-mod config;
-mod http;
-mod reply;
-mod root;
+// Public so that native builds (tests, clippy) see the code the wasm entry
+// point uses; the entry point itself exists only on wasm32.
+pub mod completions;
+pub mod config;
+pub mod http;
+pub mod reply;
+pub mod root;
 
 pub use config::FilterConfig;
 

@@ -76,10 +76,7 @@ impl RootContext for Root {
             return;
         }
         let batch = self.queue.take(REPORT_BATCH);
-        let message = CompleteRequest {
-            completions: batch,
-        }
-        .encode_to_vec();
+        let message = CompleteRequest { completions: batch }.encode_to_vec();
         match self.dispatch_grpc_call(
             &self.config.control_plane_cluster,
             SERVICE_NAME,

@@ -68,7 +68,10 @@ impl CacheAware {
             return (least_loaded(workers, any).unwrap_or(0), CacheOutcome::Miss);
         }
         if self.imbalanced(workers) {
-            return (least_loaded(workers, any).unwrap_or(0), CacheOutcome::Imbalanced);
+            return (
+                least_loaded(workers, any).unwrap_or(0),
+                CacheOutcome::Imbalanced,
+            );
         }
         let matched = self.tree.match_prefix(text);
         let best = workers
@@ -130,7 +133,12 @@ mod tests {
     }
 
     fn pick(p: &CacheAware, ws: &[Arc<Worker>], text: &str) -> Selection {
-        p.select(ws, &RouteInput { text: text.as_bytes() })
+        p.select(
+            ws,
+            &RouteInput {
+                text: text.as_bytes(),
+            },
+        )
     }
 
     #[test]

@@ -86,7 +86,9 @@ mod tests {
     #[test]
     fn normalises_urls() {
         assert_eq!(
-            WorkerAddress::normalise("http://127.0.0.1:8000/").unwrap().0,
+            WorkerAddress::normalise("http://127.0.0.1:8000/")
+                .unwrap()
+                .0,
             "http://127.0.0.1:8000"
         );
         assert_eq!(

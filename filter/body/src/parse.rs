@@ -170,7 +170,8 @@ mod tests {
 
     #[test]
     fn keeps_every_client_byte_without_injection() {
-        let body = "{ \"temperature\": 0.7, \"x\": {\"b\":1,\"a\":[1e3, 1.0]},\n \"model\":\"m\" }\n";
+        let body =
+            "{ \"temperature\": 0.7, \"x\": {\"b\":1,\"a\":[1e3, 1.0]},\n \"model\":\"m\" }\n";
         assert_eq!(inject(body, &[]), body);
     }
 

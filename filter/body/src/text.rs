@@ -121,8 +121,14 @@ mod tests {
 
     #[test]
     fn shared_prefix_survives_extraction() {
-        let a = text(Route::ChatCompletions, r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"one"}]}"#);
-        let b = text(Route::ChatCompletions, r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"two"}]}"#);
+        let a = text(
+            Route::ChatCompletions,
+            r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"one"}]}"#,
+        );
+        let b = text(
+            Route::ChatCompletions,
+            r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"two"}]}"#,
+        );
         assert!(a.starts_with("system\nS\nuser\n") && b.starts_with("system\nS\nuser\n"));
         assert_ne!(a, b);
     }
@@ -133,7 +139,10 @@ mod tests {
         assert_eq!(text(Route::Generate, r#"{"text":["a","b"]}"#), "a b");
         assert_eq!(text(Route::Generate, r#"{"input_ids":[1,22,3]}"#), "1 22 3");
         assert_eq!(text(Route::Embeddings, r#"{"input":"e"}"#), "e");
-        assert_eq!(text(Route::Rerank, r#"{"query":"q","documents":["d1","d2"]}"#), "qd1 d2");
+        assert_eq!(
+            text(Route::Rerank, r#"{"query":"q","documents":["d1","d2"]}"#),
+            "qd1 d2"
+        );
     }
 
     #[test]

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every test: formatting and lints, unit and property tests, and the
+# end-to-end suite against a real Envoy with the wasm filter, the control
+# plane and simulated SGLang workers. Installs what is missing first.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+ensure_debian_packages
+ensure_wasm_target
+ensure_venv
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+
+cd "$ROOT"
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --release --target wasm32-wasip1 -p sglang-envoy-filter -- -D warnings
+
+build_all
+
+log "cargo test (unit, property and end-to-end tests)"
+SGLANG_ENVOY_BIN="$VENV/bin/envoy" cargo test --workspace -- --test-threads 2

@@ -1,0 +1,147 @@
+//! Bad input and missing capacity get clear OpenAI-shaped JSON errors with
+//! the right status, never a hang.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sglang_envoy_e2e::{wait_until, Stack, StackOptions};
+
+async fn expect_error(r: reqwest::Response, status: u16, message_part: &str) {
+    assert_eq!(r.status(), status);
+    assert_eq!(
+        r.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/json")
+    );
+    let v: Value = r.json().await.expect("error body is JSON");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(message_part),
+        "{message:?} lacks {message_part:?}"
+    );
+    assert_eq!(v["error"]["code"], status);
+    assert!(v["error"]["type"].is_string());
+}
+
+#[tokio::test]
+async fn malformed_bodies_get_400_and_reach_no_worker() {
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for (body, part) in [
+        ("{\"messages\": [", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ("{\"a\":1} trailing", "not valid JSON"),
+        ("\u{7f}\u{0}", "not valid JSON"),
+    ] {
+        expect_error(stack.post("/v1/chat/completions", body).await, 400, part).await;
+    }
+    let empty = reqwest::Client::new()
+        .post(stack.url("/generate"))
+        .send()
+        .await
+        .unwrap();
+    expect_error(empty, 400, "body is required").await;
+    assert_eq!(stack.workers[0].served().await, 0);
+    // The filter is still alive after all that.
+    assert_eq!(
+        stack.post("/generate", r#"{"text":"ok"}"#).await.status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn oversized_bodies_get_413() {
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        max_body_bytes: 4096,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let big = format!("{{\"text\":\"{}\"}}", "x".repeat(10_000));
+    expect_error(stack.post("/generate", &big).await, 413, "4096 bytes").await;
+    let fits = format!("{{\"text\":\"{}\"}}", "x".repeat(4000));
+    assert_eq!(stack.post("/generate", &fits).await.status(), 200);
+    assert_eq!(stack.workers[0].served().await, 1);
+}
+
+#[tokio::test]
+async fn no_healthy_worker_is_503_until_one_recovers() {
+    let stack = Stack::start(StackOptions {
+        workers: 2,
+        cp_args: vec![
+            "--health-failure-threshold".into(),
+            "1".into(),
+            "--health-success-threshold".into(),
+            "1".into(),
+        ],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for w in &stack.workers {
+        w.configure(serde_json::json!({"healthy": false})).await;
+    }
+    let stack = &stack;
+    let all_down = wait_until(Duration::from_secs(5), || async move {
+        stack.post("/generate", r#"{"text":"x"}"#).await.status() == 503
+    })
+    .await;
+    assert!(
+        all_down,
+        "requests still routed with every worker unhealthy"
+    );
+    expect_error(
+        stack.post("/generate", r#"{"text":"x"}"#).await,
+        503,
+        "no healthy workers",
+    )
+    .await;
+
+    stack.workers[1]
+        .configure(serde_json::json!({"healthy": true}))
+        .await;
+    let back = wait_until(Duration::from_secs(5), || async move {
+        stack.post("/generate", r#"{"text":"x"}"#).await.status() == 200
+    })
+    .await;
+    assert!(back, "a recovered worker must get requests again");
+}
+
+#[tokio::test]
+async fn control_plane_down_is_a_prompt_503() {
+    let mut stack = Stack::start(StackOptions {
+        workers: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    stack.kill_control_plane();
+    let started = Instant::now();
+    let r = stack.post("/generate", r#"{"text":"x"}"#).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answer took {:?}",
+        started.elapsed()
+    );
+    expect_error(r, 503, "control plane").await;
+}
+
+#[tokio::test]
+async fn unknown_admin_paths_are_json_404() {
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = reqwest::get(format!("{}/no_such_endpoint", stack.admin))
+        .await
+        .unwrap();
+    expect_error(r, 404, "no such admin endpoint").await;
+}

@@ -1,0 +1,75 @@
+//! Routing decisions seen from outside: cache affinity for shared prefixes,
+//! spread for distinct prompts, under every policy.
+
+use sglang_envoy_e2e::{Stack, StackOptions};
+
+async fn served(stack: &Stack) -> Vec<u64> {
+    let mut v = Vec::new();
+    for w in &stack.workers {
+        v.push(w.served().await);
+    }
+    v
+}
+
+fn chat(content: &str) -> String {
+    serde_json::json!({
+        "model": "m",
+        "max_tokens": 2,
+        "messages": [{"role": "system", "content": content}],
+    })
+    .to_string()
+}
+
+#[tokio::test]
+async fn shared_prefix_requests_stick_to_one_worker() {
+    let stack = Stack::start(StackOptions {
+        workers: 3,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let prefix: String = (0..2048)
+        .map(|i| (b'a' + (i * 7 % 26) as u8) as char)
+        .collect();
+    for i in 0..20 {
+        let r = stack
+            .post(
+                "/v1/chat/completions",
+                &chat(&format!("{prefix} question {i}")),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    let counts = served(&stack).await;
+    assert_eq!(counts.iter().sum::<u64>(), 20);
+    assert!(
+        counts.contains(&20),
+        "20 requests sharing a 2 KB prefix were split: {counts:?}"
+    );
+}
+
+#[tokio::test]
+async fn distinct_prompts_use_every_worker_under_every_policy() {
+    for policy in ["cache_aware", "round_robin", "random", "power_of_two"] {
+        let stack = Stack::start(StackOptions {
+            workers: 3,
+            policy: policy.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        // Sequential requests: every load is 0 at each decision, the case
+        // where sglang-router sends everything to its first worker.
+        for i in 0..30 {
+            let prompt = format!("{i:03} distinct prompt {}", "x".repeat(i * 13 % 50));
+            let r = stack.post("/v1/chat/completions", &chat(&prompt)).await;
+            assert_eq!(r.status(), 200);
+        }
+        let counts = served(&stack).await;
+        assert_eq!(counts.iter().sum::<u64>(), 30, "{policy}");
+        assert!(
+            counts.iter().all(|&c| c >= 3),
+            "{policy} left a worker (almost) idle: {counts:?}"
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! Server-sent events pass through Envoy chunk by chunk, and the official
+//! `openai` Python client works against the router.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::Value;
+use sglang_envoy_e2e::{venv_python, Stack, StackOptions};
+
+fn slow_decode() -> StackOptions {
+    StackOptions {
+        workers: 1,
+        // 20 ms per token: a 20-token stream takes ~400 ms.
+        worker_args: vec!["--decode-us-per-token".into(), "20000".into()],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn sse_chunks_arrive_as_they_are_generated() {
+    let stack = Stack::start(slow_decode()).await.unwrap();
+    let started = Instant::now();
+    let r = stack
+        .post(
+            "/v1/chat/completions",
+            r#"{"model":"m","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"count"}]}"#,
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert!(r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream")));
+    let mut stream = r.bytes_stream();
+    let mut text = String::new();
+    let mut first_content_at = None;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.unwrap();
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if first_content_at.is_none()
+            && text.contains("\"content\":\"")
+            && text.contains("chat.completion.chunk")
+        {
+            first_content_at = Some(started.elapsed());
+        }
+    }
+    let total = started.elapsed();
+    let first = first_content_at.expect("no content chunk");
+    assert!(
+        text.trim_end().ends_with("data: [DONE]"),
+        "stream must end with [DONE]"
+    );
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(
+        events.len() >= 20,
+        "one event per token, got {}",
+        events.len()
+    );
+    // Buffering the whole response would make the first chunk arrive at the end.
+    assert!(
+        total - first > Duration::from_millis(200),
+        "first chunk at {first:?}, end at {total:?}: the stream was buffered"
+    );
+}
+
+#[tokio::test]
+async fn official_openai_client_streams_and_reads_errors() {
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/openai_client.py");
+    let out = tokio::process::Command::new(venv_python())
+        .arg(script)
+        .arg(&stack.base)
+        .output()
+        .await
+        .expect("run the venv's python");
+    assert!(
+        out.status.success(),
+        "openai client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["chunks"].as_u64().unwrap() >= 8, "{v}");
+    assert_eq!(v["completion_tokens"], 8, "{v}");
+    assert!(!v["streamed"].as_str().unwrap().is_empty());
+    assert_eq!(
+        v["streamed"], v["whole"],
+        "stream and non-stream answers differ: {v}"
+    );
+    // NaN is not JSON: the filter answers 400 in the OpenAI shape, which the
+    // client turns into an APIStatusError with our message.
+    assert_eq!(v["bad_request"]["status"], 400, "{v}");
+    assert!(v["bad_request"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not valid JSON"));
+}

@@ -1,0 +1,178 @@
+//! Workers added and removed at run time, and workers that die.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sglang_envoy_e2e::{wait_until, SimWorker, Stack, StackOptions};
+
+const GEN: &str = r#"{"text":"hello","sampling_params":{"max_new_tokens":1}}"#;
+
+async fn send(stack: &Stack, n: usize) {
+    for _ in 0..n {
+        let r = stack.post("/generate", GEN).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    }
+}
+
+async fn json_error(r: reqwest::Response, status: u16) -> String {
+    assert_eq!(r.status(), status);
+    let v: Value = r.json().await.expect("errors are JSON");
+    v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn workers_added_and_removed_at_run_time_take_effect() {
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        policy: "round_robin".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let extra = SimWorker::start(&stack.dir, &[]).await.unwrap();
+
+    // sglang-router's query-string API, through Envoy's client port.
+    let r = client
+        .post(stack.url(&format!("/add_worker?url={}", extra.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.text().await.unwrap(),
+        format!("Successfully added worker: {}", extra.url)
+    );
+    let list: Value = reqwest::get(stack.url("/list_workers"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(list["urls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|u| u == extra.url.as_str()));
+
+    send(&stack, 10).await;
+    assert_eq!(extra.served().await, 5, "the new worker must get its turn");
+    assert_eq!(stack.workers[0].served().await, 5);
+
+    // Duplicates and garbage are refused with JSON errors.
+    let dup = client
+        .post(stack.url(&format!("/add_worker?url={}", extra.url)))
+        .send()
+        .await
+        .unwrap();
+    assert!(json_error(dup, 400).await.contains("already registered"));
+    for bad in ["not-a-url", "ftp://x:1", "http://127.0.0.1:1/path"] {
+        let r = client
+            .post(stack.url(&format!("/add_worker?url={bad}")))
+            .send()
+            .await
+            .unwrap();
+        json_error(r, 400).await;
+    }
+    let none = client.post(stack.url("/add_worker")).send().await.unwrap();
+    assert!(json_error(none, 400).await.contains("url"));
+
+    let r = client
+        .post(stack.url(&format!("/remove_worker?url={}", extra.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    send(&stack, 6).await;
+    assert_eq!(
+        extra.served().await,
+        5,
+        "a removed worker must get no requests"
+    );
+
+    // The JSON API.
+    let r = client
+        .post(stack.url("/workers"))
+        .json(&serde_json::json!({"url": extra.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let all: Value = reqwest::get(stack.url("/workers"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(all["total"], 2);
+    assert_eq!(all["healthy"], 2);
+    send(&stack, 4).await;
+    assert_eq!(extra.served().await, 7);
+    let encoded = extra.url.replace(':', "%3A").replace('/', "%2F");
+    let r = client
+        .delete(stack.url(&format!("/workers/{encoded}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let gone = client
+        .delete(stack.url(&format!("/workers/{encoded}")))
+        .send()
+        .await
+        .unwrap();
+    json_error(gone, 404).await;
+    let all: Value = reqwest::get(stack.url("/workers"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(all["total"], 1);
+}
+
+#[tokio::test]
+async fn a_killed_worker_fails_no_request_after_it_died() {
+    let mut stack = Stack::start(StackOptions {
+        workers: 3,
+        policy: "round_robin".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    send(&stack, 6).await;
+    let dead = stack.workers[1].url.clone();
+    stack.workers[1].kill();
+
+    // Sequential and concurrent traffic right after the crash: round robin
+    // keeps choosing the dead worker until the control plane notices, and
+    // Envoy must retry those requests on a live one.
+    send(&stack, 12).await;
+    let burst = futures::future::join_all((0..24).map(|_| stack.post("/generate", GEN))).await;
+    for r in burst {
+        assert_eq!(r.status(), 200);
+    }
+    let stack = &stack;
+    let dead = dead.as_str();
+    let noticed = wait_until(Duration::from_secs(5), || async move {
+        let v: Value = match reqwest::get(stack.url("/workers")).await {
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(_) => return false,
+        };
+        v["workers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|w| w["url"] == dead && w["healthy"] == false)
+    })
+    .await;
+    assert!(noticed, "the dead worker is still marked healthy");
+    let served: u64 = stack.workers[0].served().await + stack.workers[2].served().await;
+    assert_eq!(
+        served,
+        4 + 36,
+        "every request must have been served by a live worker"
+    );
+}
