@@ -27,6 +27,8 @@ pub struct Request {
     /// Set once a `Route` call was dispatched: from then on the control plane
     /// may have counted load under our ticket, so `on_log` must report it.
     asked: bool,
+    /// The response reached its end (as opposed to a hang-up or reset).
+    response_done: bool,
 }
 
 impl Request {
@@ -41,6 +43,7 @@ impl Request {
             method: String::new(),
             started: None,
             asked: false,
+            response_done: false,
         }
     }
 
@@ -228,6 +231,16 @@ impl HttpContext for Request {
         self.ask(text, stream, body.len())
     }
 
+    fn on_http_response_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
+        self.response_done |= end_of_stream;
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, _size: usize, end_of_stream: bool) -> Action {
+        self.response_done |= end_of_stream;
+        Action::Continue
+    }
+
     fn on_log(&mut self) {
         if !self.asked {
             return;
@@ -247,7 +260,8 @@ impl HttpContext for Request {
         self.queue.push(Completion {
             ticket: self.ticket,
             http_status,
-            client_cancelled: details.starts_with("downstream"),
+            // Unfinished and not reset by the worker: the client hung up.
+            client_cancelled: !self.response_done && !details.starts_with("upstream"),
             upstream_host,
             duration_us: self.elapsed_us(),
         });

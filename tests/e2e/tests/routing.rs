@@ -51,6 +51,14 @@ async fn every_route_reaches_a_worker_and_returns_its_answer() {
     ];
     let client = reqwest::Client::new();
     for (path, body) in cases {
+        // Warm the worker's prefix cache so both answers compared below are
+        // cache hits (the simulator reports cached_tokens like SGLang).
+        client
+            .post(format!("{}{path}", worker.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         let before = worker.served().await;
         let via = stack.post(path, &body.to_string()).await;
         assert_eq!(via.status(), 200, "{path}");

@@ -73,6 +73,7 @@ async fn sse_chunks_arrive_as_they_are_generated() {
 async fn official_openai_client_streams_and_reads_errors() {
     let stack = Stack::start(StackOptions {
         workers: 1,
+        max_body_bytes: 4096,
         ..Default::default()
     })
     .await
@@ -97,11 +98,14 @@ async fn official_openai_client_streams_and_reads_errors() {
         v["streamed"], v["whole"],
         "stream and non-stream answers differ: {v}"
     );
-    // NaN is not JSON: the filter answers 400 in the OpenAI shape, which the
-    // client turns into an APIStatusError with our message.
-    assert_eq!(v["bad_request"]["status"], 400, "{v}");
-    assert!(v["bad_request"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("not valid JSON"));
+    // The filter's 413 is OpenAI-shaped, so the client raises an
+    // APIStatusError carrying our message.
+    assert_eq!(v["rejected"]["status"], 413, "{v}");
+    assert!(
+        v["rejected"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("4096 bytes"),
+        "{v}"
+    );
 }

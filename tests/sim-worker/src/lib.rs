@@ -1,0 +1,70 @@
+//! A simulated SGLang worker: the HTTP surface of an SGLang server as a
+//! router sees it (native and OpenAI-compatible endpoints, streaming, load
+//! and info), backed by a toy tokenizer, a per-DP-rank prefix cache and a
+//! timing model of prefill queues and decode, plus `/_sim/` switches for
+//! tests. Used as the worker of the end-to-end tests, the benchmarks and the
+//! quick-start demo.
+
+mod cache;
+mod control;
+mod engine;
+mod error;
+mod native;
+mod openai;
+mod record;
+mod request;
+mod sse;
+mod state;
+mod stats;
+mod tokens;
+
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+
+pub use state::{AppState, SimConfig};
+
+/// The worker's routes over `state`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(native::health))
+        .route("/health_generate", get(native::health))
+        .route("/get_server_info", get(native::server_info))
+        .route("/server_info", get(native::server_info))
+        .route("/get_model_info", get(native::model_info))
+        .route("/get_load", get(native::load))
+        .route("/generate", post(native::generate))
+        .route("/v1/rerank", post(native::rerank))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route(
+            "/_sim/requests",
+            get(control::requests).delete(control::clear_requests),
+        )
+        .route("/_sim/stats", get(control::stats))
+        .route(
+            "/_sim/config",
+            get(control::get_config).post(control::set_config),
+        )
+        .fallback(error::not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            record::record,
+        ))
+        // Routers may forward big prompts; the recorder reads bodies whole.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// Serves a worker configured by `config` on `listener` until the process
+/// ends. The reported port is the listener's real one (so port 0 works).
+pub async fn serve(mut config: SimConfig, listener: TcpListener) -> std::io::Result<()> {
+    config.port = listener.local_addr()?.port();
+    tracing::info!(?config, "simulated SGLang worker starting");
+    axum::serve(listener, router(AppState::new(config))).await
+}

@@ -1,0 +1,70 @@
+//! `sglang-sim-worker`: runs a simulated SGLang worker.
+
+use anyhow::Context;
+use clap::Parser;
+use sglang_sim_worker::{serve, SimConfig};
+use tracing_subscriber::EnvFilter;
+
+/// A simulated SGLang server (GPU inference worker) for tests, benchmarks
+/// and demos.
+#[derive(Debug, Parser)]
+#[command(name = "sglang-sim-worker", version)]
+struct Cli {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 30001)]
+    port: u16,
+    /// Model path; also the served model id.
+    #[arg(long, default_value = "sim-model")]
+    model_path: String,
+    /// Number of data-parallel ranks, each with its own cache and queue.
+    #[arg(long, default_value_t = 1)]
+    dp_size: usize,
+    /// Simulated prefill time per uncached prompt token, in microseconds.
+    #[arg(long, default_value_t = 10)]
+    prefill_us_per_token: u64,
+    /// Simulated time per generated token, in microseconds.
+    #[arg(long, default_value_t = 200)]
+    decode_us_per_token: u64,
+    /// Prefills that may run at once per DP rank; others queue.
+    #[arg(long, default_value_t = 1)]
+    max_running_prefills: usize,
+    /// Prefix-cache capacity in tokens per DP rank (LRU eviction).
+    #[arg(long, default_value_t = 1_000_000)]
+    cache_tokens: usize,
+    /// Tokens generated when a request does not say.
+    #[arg(long, default_value_t = 16)]
+    default_max_tokens: usize,
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `debug`.
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_new(&cli.log_level)
+        .with_context(|| format!("bad --log-level {:?}", cli.log_level))?;
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+
+    let listener = tokio::net::TcpListener::bind((cli.host.as_str(), cli.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", cli.host, cli.port))?;
+    let port = listener.local_addr()?.port();
+    println!("sglang-sim-worker listening on http://{}:{port}", cli.host);
+
+    let config = SimConfig {
+        host: cli.host,
+        port,
+        model_path: cli.model_path,
+        dp_size: cli.dp_size,
+        prefill_us_per_token: cli.prefill_us_per_token,
+        decode_us_per_token: cli.decode_us_per_token,
+        max_running_prefills: cli.max_running_prefills,
+        cache_tokens: cli.cache_tokens,
+        default_max_tokens: cli.default_max_tokens,
+    };
+    serve(config, listener).await.context("server failed")
+}

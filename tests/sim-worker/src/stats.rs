@@ -1,0 +1,76 @@
+//! Counters behind `/_sim/stats`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+/// Counts of inference requests (not health checks or `/_sim` calls).
+#[derive(Debug)]
+pub struct Stats {
+    requests_total: AtomicU64,
+    in_flight: AtomicU64,
+    by_path: Mutex<BTreeMap<String, u64>>,
+    prompt_tokens_total: AtomicU64,
+    cached_tokens_total: AtomicU64,
+    by_rank: Vec<AtomicU64>,
+}
+
+impl Stats {
+    /// Zeroed counters for `dp_size` ranks.
+    pub fn new(dp_size: usize) -> Stats {
+        Stats {
+            requests_total: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            by_path: Mutex::new(BTreeMap::new()),
+            prompt_tokens_total: AtomicU64::new(0),
+            cached_tokens_total: AtomicU64::new(0),
+            by_rank: (0..dp_size).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Counts an inference request to `path`; it is in flight until the
+    /// returned guard is dropped (answer sent, stream ended, or client gone).
+    pub fn begin(self: &Arc<Self>, path: &str) -> InFlight {
+        self.requests_total.fetch_add(1, Ordering::Relaxed);
+        *self.by_path.lock().entry(path.to_string()).or_default() += 1;
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(Arc::clone(self))
+    }
+
+    /// Counts one prefilled sequence on `rank`.
+    pub fn prefilled(&self, rank: usize, prompt_tokens: usize, cached_tokens: usize) {
+        self.prompt_tokens_total
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.cached_tokens_total
+            .fetch_add(cached_tokens as u64, Ordering::Relaxed);
+        if let Some(n) = self.by_rank.get(rank) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The `/_sim/stats` document.
+    pub fn to_json(&self) -> Value {
+        let by_path = self.by_path.lock().clone();
+        json!({
+            "requests_total": self.requests_total.load(Ordering::Relaxed),
+            "in_flight": self.in_flight.load(Ordering::Relaxed),
+            "by_path": by_path,
+            "prompt_tokens_total": self.prompt_tokens_total.load(Ordering::Relaxed),
+            "cached_tokens_total": self.cached_tokens_total.load(Ordering::Relaxed),
+            "by_rank": self.by_rank.iter().map(|n| n.load(Ordering::Relaxed)).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Keeps one request counted in `in_flight` while alive.
+#[derive(Debug)]
+pub struct InFlight(Arc<Stats>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
