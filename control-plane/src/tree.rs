@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use parking_lot::lock_api::ArcRwLockReadGuard;
-use parking_lot::{RawRwLock, RwLock};
+use parking_lot::{RawRwLock, RwLock, RwLockWriteGuard};
 
 /// Small integer id of a worker (or a worker's DP rank) in the tree.
 pub type TenantId = u32;
@@ -108,6 +108,19 @@ pub struct Tree {
     clock: AtomicU64,
     /// Shared by inserts, exclusive for each eviction or removal step.
     gate: RwLock<()>,
+}
+
+impl Drop for Tree {
+    /// Frees the nodes iteratively: the default recursive drop would overflow
+    /// the stack on a deep chain (one node per byte of a long prompt).
+    fn drop(&mut self) {
+        let mut stack = std::mem::take(&mut self.root.write().children);
+        while let Some((_, node)) = stack.pop() {
+            if let Ok(lock) = Arc::try_unwrap(node) {
+                stack.extend(lock.into_inner().children);
+            }
+        }
+    }
 }
 
 impl Default for Tree {
@@ -275,45 +288,43 @@ impl Tree {
             .map(|e| *e.key())
             .collect();
         for t in over {
-            self.evict_tenant(t, max_size);
+            self.evict_tenant(t, max_size, None);
         }
     }
 
-    fn evict_tenant(&self, t: TenantId, max_size: usize) {
-        // Leaves of `t` with the path to them, least recently used first.
-        let mut paths: Vec<Vec<NodeRef>> = Vec::new();
+    /// Removes `t` from its least recently used leaves until it holds at most
+    /// `max_size` bytes. With `held` (the gate, held exclusively by the
+    /// caller) it runs as one step; without, it takes the gate per leaf.
+    fn evict_tenant(&self, t: TenantId, max_size: usize, held: Option<&RwLockWriteGuard<'_, ()>>) {
+        // The nodes `t` holds, each with the index of its parent: a path is
+        // followed through the indices, so deep chains cost linear memory.
+        let mut nodes: Vec<(NodeRef, usize)> = vec![(self.root.clone(), 0)];
+        // Leaves of `t`, least recently used first.
         let mut heap = BinaryHeap::new();
-        let mut stack = vec![vec![self.root.clone()]];
-        while let Some(path) = stack.pop() {
-            let Some(last) = path.last() else { continue };
-            let node = last.read();
+        let mut stack = vec![0usize];
+        while let Some(i) = stack.pop() {
+            let node = nodes[i].0.clone();
+            let node = node.read();
             let mut leaf = true;
             for (_, c) in &node.children {
                 if c.read().holds(t) {
                     leaf = false;
-                    let mut p = path.clone();
-                    p.push(c.clone());
-                    stack.push(p);
+                    nodes.push((c.clone(), i));
+                    stack.push(nodes.len() - 1);
                 }
             }
-            if leaf && path.len() > 1 {
+            if leaf && i != 0 {
                 let ts = node.tenant(t).map_or(0, |ts| ts.load(Ordering::Relaxed));
-                heap.push(Reverse((ts, paths.len())));
-                drop(node);
-                paths.push(path);
+                heap.push(Reverse((ts, i)));
             }
         }
         while self.tenant_size(t) > max_size {
             let Some(Reverse((_, i))) = heap.pop() else {
                 break;
             };
-            let path = std::mem::take(&mut paths[i]);
-            let (Some(node), Some(parent)) =
-                (path.last(), path.len().checked_sub(2).map(|j| &path[j]))
-            else {
-                continue;
-            };
-            let _gate = self.gate.write();
+            let (node, parent_index) = (&nodes[i].0, nodes[i].1);
+            let parent = &nodes[parent_index].0;
+            let _gate = held.is_none().then(|| self.gate.write());
             let mut p = parent.write();
             if !p.children.iter().any(|(_, c)| Arc::ptr_eq(c, node)) {
                 continue; // a split moved the node since the walk; next round
@@ -330,31 +341,19 @@ impl Tree {
             }
             drop(n);
             // The parent may now be a leaf of `t`.
-            if path.len() > 2 && !p.children.iter().any(|(_, c)| c.read().holds(t)) {
+            if parent_index != 0 && !p.children.iter().any(|(_, c)| c.read().holds(t)) {
                 if let Some(ts) = p.tenant(t) {
-                    heap.push(Reverse((ts.load(Ordering::Relaxed), paths.len())));
-                    let mut up = path.clone();
-                    up.pop();
-                    paths.push(up);
+                    heap.push(Reverse((ts.load(Ordering::Relaxed), parent_index)));
                 }
             }
         }
     }
 
     /// Removes `tenant` everywhere, freeing nodes no other tenant holds.
+    /// Inserts wait meanwhile, so the removal is atomic.
     pub fn remove_tenant(&self, tenant: TenantId) {
-        fn strip(node: &mut Node, t: TenantId) {
-            node.children.retain(|(_, c)| {
-                let mut c = c.write();
-                if c.holds(t) {
-                    strip(&mut c, t);
-                    c.tenants.retain(|(id, _)| *id != t);
-                }
-                !(c.tenants.is_empty() && c.children.is_empty())
-            });
-        }
-        let _gate = self.gate.write();
-        strip(&mut self.root.write(), tenant);
+        let gate = self.gate.write();
+        self.evict_tenant(tenant, 0, Some(&gate));
         self.sizes.remove(&tenant);
     }
 
@@ -473,6 +472,32 @@ mod tests {
         assert_eq!(t.match_prefix(b"shared-x").len_for(1), 0);
         assert_eq!(t.match_prefix(b"shared-y").len_for(2), 8);
         t.check_invariants();
+    }
+
+    #[test]
+    fn deep_chains_are_evicted_and_dropped_without_recursion() {
+        // On a small stack, a recursive teardown of a 4 000-deep chain would
+        // overflow; everything here must be iterative.
+        let worker = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(|| {
+                let t = Tree::new();
+                let text = vec![b'a'; 4_000];
+                // Every prefix length, longest first: one node per byte.
+                for n in (1..=text.len()).rev() {
+                    t.insert(&text[..n], 1);
+                }
+                assert_eq!(t.match_prefix(&text).len_for(1), text.len());
+                t.evict_to(1_000);
+                assert_eq!(t.tenant_size(1), 1_000);
+                assert_eq!(t.match_prefix(&text).len_for(1), 1_000);
+                t.insert(&text, 2);
+                t.remove_tenant(1);
+                assert_eq!(t.match_prefix(&text).len_for(1), 0);
+                assert_eq!(t.match_prefix(&text).len_for(2), text.len());
+            })
+            .unwrap();
+        worker.join().unwrap();
     }
 
     #[derive(Debug, Clone)]
