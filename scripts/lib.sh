@@ -11,7 +11,8 @@ log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 # Debian packages the build and tests need (python venv, curl for the demo).
 ensure_debian_packages() {
   local missing=()
-  python3 -m venv --help >/dev/null 2>&1 || missing+=(python3-venv)
+  # Debian's python3 has the venv module but not ensurepip without python3-venv.
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
   command -v cc >/dev/null 2>&1 || missing+=(gcc)
   if [ ${#missing[@]} -gt 0 ]; then

@@ -8,7 +8,9 @@ source "$(dirname "$0")/lib.sh"
 ensure_debian_packages
 ensure_wasm_target
 ensure_venv
-rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+for c in clippy rustfmt; do
+  rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+done
 
 cd "$ROOT"
 log "cargo fmt --check"

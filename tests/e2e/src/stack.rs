@@ -243,6 +243,21 @@ impl Stack {
         Ok(stack)
     }
 
+    /// `workers` simulated workers and every other option at its default.
+    pub async fn with_workers(workers: usize) -> Stack {
+        Stack::start(StackOptions {
+            workers,
+            ..Default::default()
+        })
+        .await
+        .expect("the stack starts")
+    }
+
+    /// GETs a JSON document through Envoy (`Null` when there is none).
+    pub async fn get_json(&self, path: &str) -> Value {
+        get_json(&self.url(path)).await.unwrap_or_default()
+    }
+
     /// A URL on Envoy's client port.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)

@@ -26,12 +26,7 @@ async fn expect_error(r: reqwest::Response, status: u16, message_part: &str) {
 
 #[tokio::test]
 async fn malformed_bodies_get_400_and_reach_no_worker() {
-    let stack = Stack::start(StackOptions {
-        workers: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let stack = Stack::with_workers(1).await;
     for (body, part) in [
         ("{\"messages\": [", "not valid JSON"),
         ("[1, 2]", "must be a JSON object"),
@@ -115,12 +110,7 @@ async fn no_healthy_worker_is_503_until_one_recovers() {
 
 #[tokio::test]
 async fn control_plane_down_is_a_prompt_503() {
-    let mut stack = Stack::start(StackOptions {
-        workers: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let mut stack = Stack::with_workers(1).await;
     stack.kill_control_plane();
     let started = Instant::now();
     let r = stack.post("/generate", r#"{"text":"x"}"#).await;
@@ -134,12 +124,7 @@ async fn control_plane_down_is_a_prompt_503() {
 
 #[tokio::test]
 async fn unknown_admin_paths_are_json_404() {
-    let stack = Stack::start(StackOptions {
-        workers: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let stack = Stack::with_workers(1).await;
     let r = reqwest::get(format!("{}/no_such_endpoint", stack.admin))
         .await
         .unwrap();

@@ -22,12 +22,7 @@ fn chat(content: &str) -> String {
 
 #[tokio::test]
 async fn shared_prefix_requests_stick_to_one_worker() {
-    let stack = Stack::start(StackOptions {
-        workers: 3,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let stack = Stack::with_workers(3).await;
     let prefix: String = (0..2048)
         .map(|i| (b'a' + (i * 7 % 26) as u8) as char)
         .collect();

@@ -23,12 +23,7 @@ fn stable(mut v: Value) -> Value {
 
 #[tokio::test]
 async fn every_route_reaches_a_worker_and_returns_its_answer() {
-    let stack = Stack::start(StackOptions {
-        workers: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let stack = Stack::with_workers(1).await;
     let worker = &stack.workers[0];
     let cases = [
         (
@@ -103,12 +98,7 @@ async fn info_routes_are_answered_by_a_worker() {
 
 #[tokio::test]
 async fn body_and_headers_reach_the_worker_unchanged() {
-    let stack = Stack::start(StackOptions {
-        workers: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let stack = Stack::with_workers(1).await;
     // Floats that re-serialisation would change, unknown nested keys, an
     // unusual key order, escapes and whitespace.
     let body = "{\"temperature\": 0.7, \"top_p\":1e-7,\"max_tokens\":3,\n  \"zz_custom\": {\"b\": [1.10, {\"x\": null}], \"a\": \"\\u00e9\\n\"},\n  \"model\":\"m\", \"messages\":[{\"role\":\"user\",\"content\":\"hello\"}], \"seed\": 12345678901234567890 }";

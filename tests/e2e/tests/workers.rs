@@ -157,11 +157,7 @@ async fn a_killed_worker_fails_no_request_after_it_died() {
     let stack = &stack;
     let dead = dead.as_str();
     let noticed = wait_until(Duration::from_secs(5), || async move {
-        let v: Value = match reqwest::get(stack.url("/workers")).await {
-            Ok(r) => r.json().await.unwrap_or_default(),
-            Err(_) => return false,
-        };
-        v["workers"]
+        stack.get_json("/workers").await["workers"]
             .as_array()
             .into_iter()
             .flatten()
