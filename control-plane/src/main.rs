@@ -73,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(health.clone().run());
     tokio::spawn(evict(
         policy.clone(),
+        registry.clone(),
         Duration::from_secs(args.eviction_interval_secs),
     ));
     tokio::spawn(reap(
@@ -113,12 +114,14 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Trims the approximate trees every `every`.
-async fn evict(policy: Arc<dyn policy::Policy>, every: Duration) {
+async fn evict(policy: Arc<dyn policy::Policy>, registry: Arc<Registry>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
     loop {
         tick.tick().await;
-        policy.maintain();
+        // Eviction walks the tree; keep it off the async workers.
+        let (policy, workers) = (policy.clone(), registry.all());
+        let _ = tokio::task::spawn_blocking(move || policy.maintain(&workers)).await;
     }
 }
 

@@ -113,7 +113,14 @@ impl Policy for CacheAware {
         self.tree.remove_tenant(worker.tenant);
     }
 
-    fn maintain(&self) {
+    fn maintain(&self, registered: &[Arc<Worker>]) {
+        // A decision made on a snapshot taken just before a worker was removed
+        // can insert into its tenant after `on_removed`; drop such leftovers.
+        for (tenant, _) in self.tree.tenant_sizes() {
+            if !registered.iter().any(|w| w.tenant == tenant) {
+                self.tree.remove_tenant(tenant);
+            }
+        }
         self.tree.evict_to(self.config.max_tree_size);
     }
 }
@@ -177,6 +184,21 @@ mod tests {
         let s = pick(&p, &ws, text);
         assert_eq!(s.cache, CacheOutcome::Imbalanced);
         assert_ne!(s.index, first);
+    }
+
+    #[test]
+    fn upkeep_drops_tenants_of_unregistered_workers_and_trims_trees() {
+        let p = CacheAware::new(CacheAwareConfig {
+            max_tree_size: 8,
+            ..policy().config
+        });
+        let ws = workers(2);
+        pick(&p, &ws, "first prompt, long enough to trim");
+        pick(&p, &ws, "second prompt, long enough to trim");
+        // Worker 1 is gone from the registry: only worker 0 is passed.
+        p.maintain(&ws[..1]);
+        assert_eq!(p.tree.tenant_size(ws[1].tenant), 0);
+        assert!(p.tree.tenant_size(ws[0].tenant) <= 8);
     }
 
     #[test]

@@ -54,8 +54,9 @@ pub trait Policy: Send + Sync {
     fn select(&self, workers: &[Arc<Worker>], input: &RouteInput<'_>) -> Selection;
     /// Forgets a removed worker.
     fn on_removed(&self, _worker: &Worker) {}
-    /// Periodic upkeep (tree eviction); called every `--eviction-interval-secs`.
-    fn maintain(&self) {}
+    /// Periodic upkeep (tree eviction), called every `--eviction-interval-secs`
+    /// with every registered worker.
+    fn maintain(&self, _registered: &[Arc<Worker>]) {}
 }
 
 /// The policy the flags ask for.

@@ -68,12 +68,15 @@ impl<'a> RequestBody<'a> {
 
     /// The body with `fields` set: existing keys get their value replaced in
     /// place, new keys are appended before the closing brace. Every other byte
-    /// is the client's.
+    /// is the client's. When `fields` names a key twice, the last one wins.
     pub fn with_fields(&self, fields: &[(&str, &str)]) -> Result<Vec<u8>, BodyError> {
         // (start, end, replacement): sorted, non-overlapping edits of `raw`.
         let mut edits: Vec<(usize, usize, Vec<u8>)> = Vec::with_capacity(fields.len());
         let mut appended = Vec::new();
-        for &(key, value) in fields {
+        for (i, &(key, value)) in fields.iter().enumerate() {
+            if fields[i + 1..].iter().any(|(k, _)| *k == key) {
+                continue; // a later entry sets this key
+            }
             if serde_json::from_str::<&RawValue>(value).is_err() {
                 return Err(BodyError::InvalidInjection(key.to_string()));
             }
@@ -241,7 +244,35 @@ mod tests {
         assert!(!off.is_stream());
     }
 
+    #[test]
+    fn last_of_duplicate_injected_keys_wins() {
+        assert_eq!(
+            inject(
+                r#"{"rid":"c"}"#,
+                &[("rid", "1"), ("x", "2"), ("rid", "3"), ("x", "4")]
+            ),
+            r#"{"rid":3,"x":4}"#
+        );
+    }
+
     proptest::proptest! {
+        /// Any body and any list of fields: never a panic, and the result is
+        /// valid JSON whenever the input was.
+        #[test]
+        fn injection_never_panics(
+            body in ".{0,40}",
+            fields in proptest::collection::vec(("[a-c]{1,2}", "[0-9]{1,3}|null|\"[a-z]*\"|\\{"), 0..6),
+        ) {
+            let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            for raw in [body.clone(), format!("{{\"a\":{}}}", serde_json::to_string(&body).unwrap())] {
+                if let Ok(parsed) = RequestBody::parse(raw.as_bytes()) {
+                    if let Ok(out) = parsed.with_fields(&fields) {
+                        proptest::prop_assert!(RequestBody::parse(&out).is_ok());
+                    }
+                }
+            }
+        }
+
         /// Whatever object the client sends, injecting fields changes nothing
         /// but those fields: removing them again gives the client's values.
         #[test]
