@@ -145,6 +145,54 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Whatever bytes a client sends, parsing and text extraction return
+        /// (a panic in the filter would kill the wasm VM).
+        #[test]
+        fn any_bytes_are_handled(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            if let Ok(body) = RequestBody::parse(&raw) {
+                for route in [Route::ChatCompletions, Route::Completions, Route::Generate, Route::Embeddings, Route::Rerank] {
+                    let _ = body.routing_text(route);
+                }
+                let _ = body.is_stream();
+            }
+        }
+
+        /// Structured JSON of any shape under the fields the text comes from.
+        #[test]
+        fn any_json_shape_is_handled(v in json_value()) {
+            let text = v.to_string();
+            for key in ["messages", "prompt", "text", "input_ids", "input", "query", "documents"] {
+                let raw = format!("{{\"{key}\":{text}}}");
+                let body = RequestBody::parse(raw.as_bytes()).unwrap();
+                for route in [Route::ChatCompletions, Route::Completions, Route::Generate, Route::Embeddings, Route::Rerank] {
+                    let _ = body.routing_text(route);
+                }
+                // A plain string prompt is the text, decoded from its escapes.
+                if let (serde_json::Value::String(s), "prompt") = (&v, key) {
+                    proptest::prop_assert_eq!(&body.routing_text(Route::Completions), s);
+                }
+            }
+        }
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            "[a-z\\u{e9}\"]{0,6}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map("(role|content|text|type|x)", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
     #[test]
     fn malformed_fields_give_empty_text() {
         assert_eq!(text(Route::ChatCompletions, r#"{"messages":7}"#), "");
