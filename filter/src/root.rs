@@ -75,28 +75,22 @@ impl RootContext for Root {
         if self.in_flight.is_some() || self.queue.is_empty() {
             return;
         }
-        let batch = self.queue.take(REPORT_BATCH);
-        let message = CompleteRequest { completions: batch }.encode_to_vec();
+        let report = CompleteRequest {
+            completions: self.queue.take(REPORT_BATCH),
+        };
         match self.dispatch_grpc_call(
             &self.config.control_plane_cluster,
             SERVICE_NAME,
             "Complete",
             vec![],
-            Some(&message),
+            Some(&report.encode_to_vec()),
             REPORT_TIMEOUT,
         ) {
-            Ok(token) => {
-                // Decoding our own encoding cannot fail; keep the batch for a retry.
-                let batch = CompleteRequest::decode(message.as_slice())
-                    .map(|r| r.completions)
-                    .unwrap_or_default();
-                self.in_flight = Some((token, batch));
-            }
+            // Kept until the answer comes, to requeue if the report fails.
+            Ok(token) => self.in_flight = Some((token, report.completions)),
             Err(status) => {
                 warn!("cannot dispatch completion report: {status:?}");
-                if let Ok(r) = CompleteRequest::decode(message.as_slice()) {
-                    self.queue.requeue(r.completions);
-                }
+                self.queue.requeue(report.completions);
             }
         }
     }
