@@ -46,12 +46,7 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
         r.text().await.unwrap(),
         format!("Successfully added worker: {}", extra.url)
     );
-    let list: Value = reqwest::get(stack.url("/list_workers"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = stack.get_json("/list_workers").await;
     assert!(list["urls"]
         .as_array()
         .unwrap()
@@ -101,12 +96,7 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let all: Value = reqwest::get(stack.url("/workers"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let all = stack.get_json("/workers").await;
     assert_eq!(all["total"], 2);
     assert_eq!(all["healthy"], 2);
     send(&stack, 4).await;
@@ -124,12 +114,7 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
         .await
         .unwrap();
     json_error(gone, 404).await;
-    let all: Value = reqwest::get(stack.url("/workers"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let all = stack.get_json("/workers").await;
     assert_eq!(all["total"], 1);
 }
 
