@@ -13,6 +13,25 @@ pub use stack::{venv_python, SimWorker, Stack, StackOptions};
 
 use std::time::Duration;
 
+/// Asserts `r` is an OpenAI-shaped JSON error with `status` and returns its
+/// message: `{"error":{"message","type","param","code"}}`.
+pub async fn expect_openai_error(r: reqwest::Response, status: u16) -> String {
+    assert_eq!(r.status(), status);
+    assert_eq!(
+        r.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/json")
+    );
+    let v: serde_json::Value = r.json().await.expect("error body is JSON");
+    assert_eq!(v["error"]["code"], status);
+    assert!(v["error"]["type"].is_string(), "{v}");
+    v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// Polls `check` every 50 ms until it returns true or `timeout` passes.
 pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> bool
 where

@@ -3,25 +3,14 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use sglang_envoy_e2e::{wait_until, Stack, StackOptions};
+use sglang_envoy_e2e::{expect_openai_error, wait_until, Stack, StackOptions};
 
 async fn expect_error(r: reqwest::Response, status: u16, message_part: &str) {
-    assert_eq!(r.status(), status);
-    assert_eq!(
-        r.headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok()),
-        Some("application/json")
-    );
-    let v: Value = r.json().await.expect("error body is JSON");
-    let message = v["error"]["message"].as_str().unwrap_or_default();
+    let message = expect_openai_error(r, status).await;
     assert!(
         message.contains(message_part),
         "{message:?} lacks {message_part:?}"
     );
-    assert_eq!(v["error"]["code"], status);
-    assert!(v["error"]["type"].is_string());
 }
 
 #[tokio::test]

@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
-use sglang_envoy_e2e::{wait_until, SimWorker, Stack, StackOptions};
+use sglang_envoy_e2e::{expect_openai_error, wait_until, SimWorker, Stack, StackOptions};
 
 const GEN: &str = r#"{"text":"hello","sampling_params":{"max_new_tokens":1}}"#;
 
@@ -12,15 +11,6 @@ async fn send(stack: &Stack, n: usize) {
         let r = stack.post("/generate", GEN).await;
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     }
-}
-
-async fn json_error(r: reqwest::Response, status: u16) -> String {
-    assert_eq!(r.status(), status);
-    let v: Value = r.json().await.expect("errors are JSON");
-    v["error"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
 }
 
 #[tokio::test]
@@ -63,17 +53,19 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
         .send()
         .await
         .unwrap();
-    assert!(json_error(dup, 400).await.contains("already registered"));
+    assert!(expect_openai_error(dup, 400)
+        .await
+        .contains("already registered"));
     for bad in ["not-a-url", "ftp://x:1", "http://127.0.0.1:1/path"] {
         let r = client
             .post(stack.url(&format!("/add_worker?url={bad}")))
             .send()
             .await
             .unwrap();
-        json_error(r, 400).await;
+        expect_openai_error(r, 400).await;
     }
     let none = client.post(stack.url("/add_worker")).send().await.unwrap();
-    assert!(json_error(none, 400).await.contains("url"));
+    assert!(expect_openai_error(none, 400).await.contains("url"));
 
     let r = client
         .post(stack.url(&format!("/remove_worker?url={}", extra.url)))
@@ -113,7 +105,7 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
         .send()
         .await
         .unwrap();
-    json_error(gone, 404).await;
+    expect_openai_error(gone, 404).await;
     let all = stack.get_json("/workers").await;
     assert_eq!(all["total"], 1);
 }
