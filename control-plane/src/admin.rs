@@ -16,8 +16,9 @@ use serde_json::json;
 use sglang_envoy_body::openai_error_json;
 use tracing::info;
 
+use crate::config::parse_bootstrap_port;
 use crate::engine::{Engine, WorkerChangeError};
-use crate::workers::{HealthChecker, RegistryError, Worker};
+use crate::workers::{HealthChecker, RegistryError, Role, Worker, WorkerSpec};
 
 /// What the admin handlers share.
 #[derive(Clone)]
@@ -59,22 +60,33 @@ impl IntoResponse for WorkerChangeError {
             WorkerChangeError::Registry(RegistryError::NotFound(_)) => StatusCode::NOT_FOUND,
             WorkerChangeError::Registry(RegistryError::Duplicate(_)) => StatusCode::BAD_REQUEST,
             WorkerChangeError::Address(_) => StatusCode::BAD_REQUEST,
+            WorkerChangeError::WrongMode(_) => StatusCode::BAD_REQUEST,
+            WorkerChangeError::DpSize(..) => StatusCode::SERVICE_UNAVAILABLE,
         };
         error(status, "invalid_request_error", &self.to_string())
     }
 }
 
+/// `?url=...[&worker_type=prefill|decode|regular][&bootstrap_port=N|none]`,
+/// as sglang-router's `/add_worker` takes them.
 #[derive(Deserialize)]
 struct UrlParam {
     url: Option<String>,
+    worker_type: Option<String>,
+    bootstrap_port: Option<String>,
 }
 
 #[derive(Serialize)]
 struct WorkerView {
     url: String,
+    base_url: String,
     host: String,
     endpoint: String,
     worker_type: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dp_rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bootstrap_port: Option<Option<u16>>,
     healthy: bool,
     load: usize,
     processed: usize,
@@ -84,9 +96,12 @@ impl From<&Arc<Worker>> for WorkerView {
     fn from(w: &Arc<Worker>) -> Self {
         WorkerView {
             url: w.url.clone(),
+            base_url: w.base_url.clone(),
             host: w.host.clone(),
             endpoint: w.endpoint_text.clone(),
-            worker_type: "regular",
+            worker_type: w.role().as_str(),
+            dp_rank: w.dp_rank,
+            bootstrap_port: (w.role() == Role::Prefill).then_some(w.spec.bootstrap_port),
             healthy: w.is_healthy(),
             load: w.load(),
             processed: w.processed(),
@@ -94,17 +109,64 @@ impl From<&Arc<Worker>> for WorkerView {
     }
 }
 
-async fn add(state: &AdminState, url: &str) -> Result<Arc<Worker>, WorkerChangeError> {
-    let worker = state.engine.add_worker(url).await?;
-    let healthy = state.health.admit(&worker).await;
-    info!(worker = %worker.url, healthy, "worker added");
-    Ok(worker)
+/// The spec an admin request asks for. Without `worker_type`, a PD router
+/// cannot guess; a regular one takes a regular worker.
+fn spec_of(
+    state: &AdminState,
+    worker_type: Option<&str>,
+    bootstrap_port: Option<Option<u16>>,
+) -> Result<WorkerSpec, Response> {
+    let role = match worker_type {
+        None if state.engine.options().pd => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "this router runs PD mode: say worker_type prefill or decode",
+            ))
+        }
+        None | Some("regular") => Role::Regular,
+        Some("prefill") => Role::Prefill,
+        Some("decode") => Role::Decode,
+        Some(other) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("unknown worker_type `{other}`: use regular, prefill or decode"),
+            ))
+        }
+    };
+    if role != Role::Prefill && bootstrap_port.flatten().is_some() {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "bootstrap_port is for prefill workers",
+        ));
+    }
+    Ok(WorkerSpec {
+        role,
+        bootstrap_port: bootstrap_port.flatten(),
+    })
 }
 
-fn remove(state: &AdminState, url: &str) -> Result<Arc<Worker>, WorkerChangeError> {
-    let worker = state.engine.remove_worker(url)?;
-    info!(worker = %worker.url, "worker removed");
-    Ok(worker)
+async fn add(
+    state: &AdminState,
+    url: &str,
+    spec: WorkerSpec,
+) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
+    let units = state.engine.add_worker(url, spec).await?;
+    if let Some(first) = units.first() {
+        let healthy = state.health.admit(first).await;
+        info!(worker = %first.base_url, role = spec.role.as_str(), units = units.len(), healthy, "worker added");
+    }
+    Ok(units)
+}
+
+fn remove(state: &AdminState, url: &str) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
+    let units = state.engine.remove_worker(url)?;
+    if let Some(first) = units.first() {
+        info!(worker = %first.base_url, "worker removed");
+    }
+    Ok(units)
 }
 
 fn missing_url() -> Response {
@@ -119,10 +181,22 @@ async fn add_worker_query(State(s): State<AdminState>, Query(q): Query<UrlParam>
     let Some(url) = q.url else {
         return missing_url();
     };
-    match add(&s, &url).await {
-        Ok(w) => (
+    let port = match q.bootstrap_port.as_deref().map(parse_bootstrap_port) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", &e),
+    };
+    let spec = match spec_of(&s, q.worker_type.as_deref(), port) {
+        Ok(spec) => spec,
+        Err(r) => return r,
+    };
+    match add(&s, &url, spec).await {
+        Ok(units) => (
             StatusCode::OK,
-            format!("Successfully added worker: {}", w.url),
+            format!(
+                "Successfully added worker: {}",
+                units.first().map_or(url.as_str(), |w| w.base_url.as_str())
+            ),
         )
             .into_response(),
         Err(e) => e.into_response(),
@@ -134,9 +208,12 @@ async fn remove_worker_query(State(s): State<AdminState>, Query(q): Query<UrlPar
         return missing_url();
     };
     match remove(&s, &url) {
-        Ok(w) => (
+        Ok(units) => (
             StatusCode::OK,
-            format!("Successfully removed worker: {}", w.url),
+            format!(
+                "Successfully removed worker: {}",
+                units.first().map_or(url.as_str(), |w| w.base_url.as_str())
+            ),
         )
             .into_response(),
         Err(e) => e.into_response(),
@@ -144,14 +221,22 @@ async fn remove_worker_query(State(s): State<AdminState>, Query(q): Query<UrlPar
 }
 
 async fn list_workers(State(s): State<AdminState>) -> Response {
-    let urls: Vec<String> = s
-        .engine
-        .registry()
-        .all()
-        .iter()
-        .map(|w| w.url.clone())
-        .collect();
-    Json(json!({ "urls": urls })).into_response()
+    let all = s.engine.registry().all();
+    let urls_of = |role: Role| -> Vec<String> {
+        all.iter()
+            .filter(|w| w.role() == role)
+            .map(|w| w.url.clone())
+            .collect()
+    };
+    if s.engine.options().pd {
+        Json(json!({
+            "prefill": urls_of(Role::Prefill),
+            "decode": urls_of(Role::Decode),
+        }))
+        .into_response()
+    } else {
+        Json(json!({ "urls": urls_of(Role::Regular) })).into_response()
+    }
 }
 
 async fn get_loads(State(s): State<AdminState>) -> Response {
@@ -172,7 +257,11 @@ async fn health(State(s): State<AdminState>) -> Response {
         "status": "ok",
         "workers": all.len(),
         "healthy_workers": healthy,
-        "policy": s.engine.policy().name(),
+        "mode": if s.engine.options().pd { "pd" } else { "regular" },
+        "dp_aware": s.engine.options().dp_aware,
+        "policy": s.engine.policies().regular.name(),
+        "prefill_policy": s.engine.policies().prefill.name(),
+        "decode_policy": s.engine.policies().decode.name(),
     }))
     .into_response()
 }
@@ -206,6 +295,9 @@ struct AddWorkerBody {
     url: String,
     #[serde(default)]
     worker_type: Option<String>,
+    /// A port, or null / absent for `none`.
+    #[serde(default)]
+    bootstrap_port: Option<u16>,
 }
 
 async fn add_worker_json(State(s): State<AdminState>, body: Bytes) -> Response {
@@ -219,22 +311,30 @@ async fn add_worker_json(State(s): State<AdminState>, body: Bytes) -> Response {
             )
         }
     };
-    if let Some(t) = req.worker_type.as_deref().filter(|t| *t != "regular") {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            &format!("worker_type `{t}` needs --pd-disaggregation, which this router does not run"),
-        );
-    }
-    match add(&s, &req.url).await {
-        Ok(w) => (StatusCode::OK, Json(WorkerView::from(&w))).into_response(),
+    let spec = match spec_of(&s, req.worker_type.as_deref(), Some(req.bootstrap_port)) {
+        Ok(spec) => spec,
+        Err(r) => return r,
+    };
+    match add(&s, &req.url, spec).await {
+        Ok(units) => {
+            let views: Vec<WorkerView> = units.iter().map(WorkerView::from).collect();
+            match views.as_slice() {
+                [one] => (StatusCode::OK, Json(json!(one))).into_response(),
+                _ => (StatusCode::OK, Json(json!({ "units": views }))).into_response(),
+            }
+        }
         Err(e) => e.into_response(),
     }
 }
 
 async fn remove_worker_path(State(s): State<AdminState>, Path(url): Path<String>) -> Response {
     match remove(&s, &url) {
-        Ok(w) => Json(json!({ "status": "removed", "url": w.url })).into_response(),
+        Ok(units) => Json(json!({
+            "status": "removed",
+            "url": units.first().map_or(url.as_str(), |w| w.base_url.as_str()),
+            "units": units.len(),
+        }))
+        .into_response(),
         Err(e) => e.into_response(),
     }
 }

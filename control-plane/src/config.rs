@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 /// Routing policy for choosing a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -31,9 +31,44 @@ pub struct Args {
     #[arg(long, num_args = 0.., value_delimiter = ' ')]
     pub worker_urls: Vec<String>,
 
-    /// Routing policy.
+    /// Routing policy (in PD mode, the default for prefill and decode).
     #[arg(long, value_enum, default_value = "cache_aware")]
     pub policy: PolicyKind,
+
+    /// Prefill/decode disaggregation: every request goes to a prefill and a
+    /// decode worker at once, joined by bootstrap fields.
+    #[arg(long)]
+    pub pd_disaggregation: bool,
+
+    /// A prefill worker: `URL [BOOTSTRAP_PORT|none]` (repeat the flag for more).
+    #[arg(long, num_args = 1..=2, action = ArgAction::Append, value_names = ["URL", "BOOTSTRAP_PORT"])]
+    pub prefill: Vec<String>,
+
+    /// `--prefill` grouped by occurrence (filled by [`Args::parse_args`]).
+    #[arg(skip)]
+    pub prefill_groups: Vec<Vec<String>>,
+
+    /// A decode worker URL (repeat the flag for more).
+    #[arg(long, action = ArgAction::Append, value_name = "URL")]
+    pub decode: Vec<String>,
+
+    /// Policy for choosing the prefill worker (default: --policy).
+    #[arg(long, value_enum)]
+    pub prefill_policy: Option<PolicyKind>,
+
+    /// Policy for choosing the decode worker (default: --policy).
+    #[arg(long, value_enum)]
+    pub decode_policy: Option<PolicyKind>,
+
+    /// Route to each data-parallel rank of a worker as its own unit (own load,
+    /// own cache tree) and tell the worker the rank; the ranks are read from
+    /// the worker's `/get_server_info` (`dp_size`).
+    #[arg(long)]
+    pub dp_aware: bool,
+
+    /// How long to keep trying to read a worker's `dp_size` at startup.
+    #[arg(long, default_value_t = 600)]
+    pub worker_startup_timeout_secs: u64,
 
     /// Prefix match rate (0..1) above which cache_aware sends a request to the
     /// worker holding the longest match.
@@ -103,6 +138,26 @@ pub struct Args {
 }
 
 impl Args {
+    /// Parses the command line (exits with usage on errors, like clap).
+    pub fn parse_args() -> Args {
+        Self::try_parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// Parses `argv`, keeping each `--prefill URL [PORT]` as one group.
+    pub fn try_parse_args<I, T>(argv: I) -> Result<Args, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = Args::command().try_get_matches_from(argv)?;
+        let mut args = Args::from_arg_matches(&matches)?;
+        args.prefill_groups = matches
+            .get_occurrences::<String>("prefill")
+            .map(|groups| groups.map(|g| g.cloned().collect()).collect())
+            .unwrap_or_default();
+        Ok(args)
+    }
+
     /// Rejects values no policy can work with.
     pub fn validate(&self) -> Result<(), String> {
         if !(0.0..=1.0).contains(&self.cache_threshold) {
@@ -123,7 +178,54 @@ impl Args {
         if !self.health_check_endpoint.starts_with('/') {
             return Err("--health-check-endpoint must start with /".into());
         }
+        if self.pd_disaggregation {
+            if !self.worker_urls.is_empty() {
+                return Err(
+                    "--worker-urls is for regular mode; with --pd-disaggregation use --prefill and --decode"
+                        .into(),
+                );
+            }
+            self.prefill_workers()?;
+        } else if !self.prefill.is_empty() || !self.decode.is_empty() {
+            return Err("--prefill and --decode need --pd-disaggregation".into());
+        }
         Ok(())
+    }
+
+    /// The `--prefill` workers as (URL, bootstrap port; `None` for `none`).
+    pub fn prefill_workers(&self) -> Result<Vec<(String, Option<u16>)>, String> {
+        self.prefill_groups
+            .iter()
+            .map(|entry| match entry.as_slice() {
+                [url] => Ok((url.clone(), None)),
+                [url, port] => Ok((url.clone(), parse_bootstrap_port(port)?)),
+                _ => Err("--prefill takes URL [BOOTSTRAP_PORT|none]".into()),
+            })
+            .collect()
+    }
+
+    /// The prefill policy (`--prefill-policy`, else `--policy`).
+    pub fn prefill_policy(&self) -> PolicyKind {
+        self.prefill_policy.unwrap_or(self.policy)
+    }
+
+    /// The decode policy (`--decode-policy`, else `--policy`).
+    pub fn decode_policy(&self) -> PolicyKind {
+        self.decode_policy.unwrap_or(self.policy)
+    }
+}
+
+/// A bootstrap port as written on the command line or in the admin API:
+/// a port number, or `none` (decode workers then use their default).
+pub fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
+    if text.eq_ignore_ascii_case("none") || text.eq_ignore_ascii_case("null") {
+        return Ok(None);
+    }
+    match text.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(Some(p)),
+        _ => Err(format!(
+            "bootstrap port must be 1..65535 or `none`, got `{text}`"
+        )),
     }
 }
 
@@ -157,6 +259,54 @@ mod tests {
         ]);
         assert_eq!(a.worker_urls, ["http://a:1", "http://b:2"]);
         assert_eq!(a.policy, PolicyKind::RoundRobin);
+    }
+
+    #[test]
+    fn pd_flags_as_sglang_router_takes_them() {
+        let a = Args::try_parse_args([
+            "cp",
+            "--pd-disaggregation",
+            "--prefill",
+            "http://p1:30001",
+            "9001",
+            "--prefill",
+            "http://p2:30001",
+            "none",
+            "--prefill",
+            "http://p3:30001",
+            "--decode",
+            "http://d1:30002",
+            "--decode",
+            "http://d2:30002",
+            "--policy",
+            "random",
+            "--decode-policy",
+            "round_robin",
+        ])
+        .unwrap();
+        assert!(a.validate().is_ok(), "{:?}", a.validate());
+        assert_eq!(
+            a.prefill_workers().unwrap(),
+            [
+                ("http://p1:30001".to_string(), Some(9001)),
+                ("http://p2:30001".to_string(), None),
+                ("http://p3:30001".to_string(), None),
+            ]
+        );
+        assert_eq!(a.decode, ["http://d1:30002", "http://d2:30002"]);
+        assert_eq!(a.prefill_policy(), PolicyKind::Random);
+        assert_eq!(a.decode_policy(), PolicyKind::RoundRobin);
+        let bad = Args::try_parse_args([
+            "cp",
+            "--pd-disaggregation",
+            "--prefill",
+            "http://p1:1",
+            "port",
+        ])
+        .unwrap();
+        assert!(bad.validate().is_err());
+        let no_pd = Args::parse_from(["cp", "--decode", "http://d:1"]);
+        assert!(no_pd.validate().is_err());
     }
 
     #[test]

@@ -4,18 +4,22 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use sglang_envoy_body::{is_info_path, Route};
+use sglang_envoy_body::{is_info_path, RequestBody, Route};
 use sglang_envoy_proto::{
-    route_response, Completion, Decision, Rejection, RouteRequest, RouteResponse,
+    route_response, BodyField, Completion, Decision, NeedBody, PrefillOutcome, Rejection,
+    RouteRequest, RouteResponse,
 };
 use tracing::debug;
 
 use crate::metrics::Metrics;
+use crate::pd::{self, PrefillDispatcher, PrefillJob, RidSource};
 use crate::policy::{least_loaded, Policy, RouteInput};
 use crate::tickets::Tickets;
-use crate::workers::{AddressError, Registry, RegistryError, Worker, WorkerAddress};
+use crate::workers::{
+    AddressError, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerSpec,
+};
 
 /// Why an admin change to the worker set failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,34 +30,114 @@ pub enum WorkerChangeError {
     /// Duplicate or unknown worker.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// A worker of a kind this router's mode does not use.
+    #[error("{0}")]
+    WrongMode(String),
+    /// `--dp-aware` needs the worker's `dp_size`, and it could not be read.
+    #[error("cannot read dp_size of {0}: {1}")]
+    DpSize(String, String),
+}
+
+/// The policies of each role.
+pub struct Policies {
+    /// Regular mode.
+    pub regular: Arc<dyn Policy>,
+    /// PD mode, choosing the prefill worker.
+    pub prefill: Arc<dyn Policy>,
+    /// PD mode, choosing the decode worker.
+    pub decode: Arc<dyn Policy>,
+}
+
+impl Policies {
+    /// One policy for every role.
+    pub fn same(policy: Arc<dyn Policy>) -> Self {
+        Policies {
+            regular: policy.clone(),
+            prefill: policy.clone(),
+            decode: policy,
+        }
+    }
+
+    /// The policy for `role`.
+    pub fn of(&self, role: Role) -> &Arc<dyn Policy> {
+        match role {
+            Role::Regular => &self.regular,
+            Role::Prefill => &self.prefill,
+            Role::Decode => &self.decode,
+        }
+    }
+
+    /// Each distinct policy once, with the role it serves.
+    pub fn each(&self) -> Vec<(Role, Arc<dyn Policy>)> {
+        let mut out: Vec<(Role, Arc<dyn Policy>)> = Vec::new();
+        for role in [Role::Regular, Role::Prefill, Role::Decode] {
+            let p = self.of(role);
+            if !out.iter().any(|(_, q)| Arc::ptr_eq(p, q)) {
+                out.push((role, p.clone()));
+            }
+        }
+        out
+    }
+}
+
+/// How the engine routes.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Other workers offered to Envoy for connection-failure retries.
+    pub max_fallbacks: usize,
+    /// Prefill/decode disaggregation.
+    pub pd: bool,
+    /// Route to DP ranks and read `dp_size` from workers as they are added.
+    pub dp_aware: bool,
+    /// Longest a prefill request may take.
+    pub request_timeout: Duration,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            max_fallbacks: 2,
+            pd: false,
+            dp_aware: false,
+            request_timeout: Duration::from_secs(1800),
+        }
+    }
 }
 
 /// Chooses workers, counts their load, and releases it.
 pub struct Engine {
     registry: Arc<Registry>,
-    policy: Arc<dyn Policy>,
+    policies: Policies,
     tickets: Tickets,
     metrics: Arc<Metrics>,
-    max_fallbacks: usize,
+    options: EngineOptions,
+    prefill: PrefillDispatcher,
+    rids: RidSource,
+    http: reqwest::Client,
     info_turn: AtomicUsize,
 }
 
 impl Engine {
-    /// An engine over `registry` using `policy`.
+    /// An engine over `registry` using `policies`.
     pub fn new(
         registry: Arc<Registry>,
-        policy: Arc<dyn Policy>,
+        policies: Policies,
         metrics: Arc<Metrics>,
-        max_fallbacks: usize,
-    ) -> Self {
-        Engine {
+        options: EngineOptions,
+    ) -> Result<Self, reqwest::Error> {
+        Ok(Engine {
             registry,
-            policy,
+            policies,
             tickets: Tickets::default(),
+            prefill: PrefillDispatcher::new(options.request_timeout, metrics.clone())?,
             metrics,
-            max_fallbacks,
+            rids: RidSource::default(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()?,
+            options,
             info_turn: AtomicUsize::new(0),
-        }
+        })
     }
 
     /// The registry this engine routes over.
@@ -61,9 +145,9 @@ impl Engine {
         &self.registry
     }
 
-    /// The routing policy.
-    pub fn policy(&self) -> &Arc<dyn Policy> {
-        &self.policy
+    /// The routing policies.
+    pub fn policies(&self) -> &Policies {
+        &self.policies
     }
 
     /// The metrics.
@@ -71,63 +155,167 @@ impl Engine {
         &self.metrics
     }
 
+    /// How this engine routes.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// The role that serves clients' requests through Envoy.
+    fn serving_role(&self) -> Role {
+        if self.options.pd {
+            Role::Decode
+        } else {
+            Role::Regular
+        }
+    }
+
     /// Answers one routing question.
     pub fn route(&self, req: &RouteRequest) -> RouteResponse {
         let started = Instant::now();
-        let healthy = self.registry.healthy();
-        if healthy.is_empty() {
-            self.metrics.error("no_healthy_workers");
-            return reject(503, "service_unavailable", "no healthy workers available");
-        }
+        let serving = self.registry.healthy(self.serving_role());
 
         // Model and server info: any healthy worker, no load counted.
         if req.method == "GET" && is_info_path(&req.path) {
-            let index = self.info_turn.fetch_add(1, Ordering::Relaxed) % healthy.len();
-            return self.decide(&healthy, index, 0);
+            if serving.is_empty() {
+                return self.no_workers(self.serving_role());
+            }
+            let index = self.info_turn.fetch_add(1, Ordering::Relaxed) % serving.len();
+            return self.decide(&serving, index, 0, Vec::new());
         }
         let Some(route) = Route::from_path(&req.path) else {
             return reject(404, "not_found", "this route is not served by the router");
         };
+        if self.options.pd {
+            return self.route_pd(req, route, &serving, started);
+        }
+        if serving.is_empty() {
+            return self.no_workers(Role::Regular);
+        }
 
-        let selection = self.policy.select(
-            &healthy,
-            &RouteInput {
-                text: &req.routing_text,
-            },
-        );
-        let Some(worker) = healthy.get(selection.index) else {
+        let input = RouteInput {
+            text: &req.routing_text,
+        };
+        let selection = self.policies.regular.select(&serving, &input);
+        let Some(worker) = serving.get(selection.index) else {
             return reject(503, "service_unavailable", "no worker could be chosen");
         };
+        self.count(worker, req.ticket);
+        self.metrics
+            .decided(route_label(route), selection.cache, elapsed(started));
+        debug!(path = %req.path, worker = %worker.url, cache = ?selection.cache, "routed");
+        let inject = fields(pd::dp_fields(worker));
+        self.decide(&serving, selection.index, req.ticket, inject)
+    }
+
+    /// PD mode: chooses a prefill and a decode unit, starts the prefill
+    /// request, and sends the decode half back through Envoy.
+    fn route_pd(
+        &self,
+        req: &RouteRequest,
+        route: Route,
+        decodes: &[Arc<Worker>],
+        started: Instant,
+    ) -> RouteResponse {
+        if req.body.is_empty() {
+            // The filter sends bodies only once asked; from then on it always does.
+            return RouteResponse {
+                outcome: Some(route_response::Outcome::NeedBody(NeedBody {})),
+            };
+        }
+        let body = match RequestBody::parse(&req.body) {
+            Ok(b) => b,
+            Err(e) => return reject(400, "invalid_request_error", &e.to_string()),
+        };
+        let prefills = self.registry.healthy(Role::Prefill);
+        if prefills.is_empty() {
+            return self.no_workers(Role::Prefill);
+        }
+        if decodes.is_empty() {
+            return self.no_workers(Role::Decode);
+        }
+        let input = RouteInput {
+            text: &req.routing_text,
+        };
+        let p = self.policies.prefill.select(&prefills, &input);
+        let d = self.policies.decode.select(decodes, &input);
+        let (Some(prefill), Some(decode)) = (prefills.get(p.index), decodes.get(d.index)) else {
+            return reject(503, "service_unavailable", "no worker could be chosen");
+        };
+        let pd_fields = pd::pd_fields(route, &body, prefill, decode, &self.rids);
+        let prefill_fields: Vec<(&str, &str)> = pd_fields
+            .prefill
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .collect();
+        let prefill_body = match body.with_fields(&prefill_fields) {
+            Ok(b) => b,
+            Err(e) => return reject(400, "invalid_request_error", &e.to_string()),
+        };
+        let want_logprobs = pd::wants_input_logprobs(route, &body);
+        self.count(decode, req.ticket);
+        self.prefill.dispatch(
+            req.ticket,
+            PrefillJob {
+                worker: prefill.clone(),
+                path: req.path.clone(),
+                headers: req
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.clone(), h.value.clone()))
+                    .collect(),
+                body: prefill_body,
+                want_logprobs,
+            },
+        );
+        self.metrics
+            .decided(route_label(route), p.cache, elapsed(started));
+        debug!(path = %req.path, prefill = %prefill.url, decode = %decode.url, "routed PD pair");
+        let mut response = self.decide(decodes, d.index, req.ticket, fields(pd_fields.decode));
+        if let Some(route_response::Outcome::Decision(decision)) = response.outcome.as_mut() {
+            decision.await_prefill = true;
+            decision.merge_input_logprobs = want_logprobs;
+        }
+        response
+    }
+
+    /// Counts a request on `worker` until `ticket` is reported finished.
+    fn count(&self, worker: &Arc<Worker>, ticket: u64) {
         worker.increment_load();
-        let ticket = req.ticket;
         if ticket == 0 || !self.tickets.open(ticket, worker.clone()) {
             // No ticket to report the end with, or the end came first.
             worker.decrement_load();
         }
-        let seconds = started.elapsed().as_secs_f64();
-        self.metrics
-            .decided(route_label(route), selection.cache, seconds);
-        debug!(
-            path = %req.path,
-            worker = %worker.url,
-            cache = ?selection.cache,
-            "routed"
-        );
-        self.decide(&healthy, selection.index, ticket)
     }
 
-    /// The decision for `healthy[index]`, plus the least loaded other workers
-    /// as fallbacks for Envoy to retry on.
-    fn decide(&self, healthy: &[Arc<Worker>], index: usize, ticket: u64) -> RouteResponse {
-        let mut endpoints = Vec::with_capacity(1 + self.max_fallbacks);
-        endpoints.push(healthy[index].endpoint_text.clone());
-        let mut taken = vec![index];
-        while endpoints.len() <= self.max_fallbacks {
-            match least_loaded(healthy, |i| !taken.contains(&i)) {
-                Some(i) => {
-                    taken.push(i);
-                    endpoints.push(healthy[i].endpoint_text.clone());
-                }
+    fn no_workers(&self, role: Role) -> RouteResponse {
+        self.metrics.error("no_healthy_workers");
+        let what = match role {
+            Role::Regular => "workers",
+            Role::Prefill => "prefill workers",
+            Role::Decode => "decode workers",
+        };
+        reject(
+            503,
+            "service_unavailable",
+            &format!("no healthy {what} available"),
+        )
+    }
+
+    /// The decision for `units[index]`, plus the least loaded units on other
+    /// servers as fallbacks for Envoy to retry on.
+    fn decide(
+        &self,
+        units: &[Arc<Worker>],
+        index: usize,
+        ticket: u64,
+        inject: Vec<BodyField>,
+    ) -> RouteResponse {
+        let mut endpoints = Vec::with_capacity(1 + self.options.max_fallbacks);
+        endpoints.push(units[index].endpoint_text.clone());
+        while endpoints.len() <= self.options.max_fallbacks {
+            // Ranks of a server already offered share its endpoint.
+            match least_loaded(units, |i| !endpoints.contains(&units[i].endpoint_text)) {
+                Some(i) => endpoints.push(units[i].endpoint_text.clone()),
                 None => break,
             }
         }
@@ -135,15 +323,25 @@ impl Engine {
             outcome: Some(route_response::Outcome::Decision(Decision {
                 ticket,
                 endpoints,
-                worker_url: healthy[index].url.clone(),
-                inject: Vec::new(),
+                worker_url: units[index].url.clone(),
+                inject,
+                await_prefill: false,
+                merge_input_logprobs: false,
             })),
         }
+    }
+
+    /// Waits for the prefill half of `ticket`.
+    pub async fn await_prefill(&self, ticket: u64) -> PrefillOutcome {
+        self.prefill.wait(ticket).await
     }
 
     /// Releases a finished request's load. Returns the worker when Envoy had
     /// to fail over away from it, so the caller can check its health.
     pub fn complete(&self, c: &Completion) -> Option<Arc<Worker>> {
+        if self.options.pd {
+            self.prefill.finish(c.ticket);
+        }
         let worker = self.tickets.close(c.ticket)?;
         worker.decrement_load();
         let failed_over = !c.upstream_host.is_empty() && c.upstream_host != worker.endpoint_text;
@@ -157,23 +355,54 @@ impl Engine {
         failed_over.then_some(worker)
     }
 
-    /// Registers a worker; the caller checks its health.
-    pub async fn add_worker(&self, url: &str) -> Result<Arc<Worker>, WorkerChangeError> {
+    /// Registers a server: one routing unit, or one per DP rank with
+    /// `--dp-aware`. The caller checks its health.
+    pub async fn add_worker(
+        &self,
+        url: &str,
+        spec: WorkerSpec,
+    ) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
+        let wanted = if self.options.pd {
+            "prefill or decode"
+        } else {
+            "regular"
+        };
+        if (spec.role == Role::Regular) == self.options.pd {
+            return Err(WorkerChangeError::WrongMode(format!(
+                "this router runs {} mode: it takes {wanted} workers, not {}",
+                if self.options.pd { "PD" } else { "regular" },
+                spec.role.as_str()
+            )));
+        }
         let address = WorkerAddress::resolve(url).await?;
-        Ok(self.registry.add(address)?)
+        if self.registry.contains(&address.url) {
+            return Err(RegistryError::Duplicate(address.url).into());
+        }
+        let dp_size = if self.options.dp_aware {
+            let size = crate::workers::dp_size(&self.http, &address.url)
+                .await
+                .map_err(|e| WorkerChangeError::DpSize(address.url.clone(), e.to_string()))?;
+            Some(size)
+        } else {
+            None
+        };
+        Ok(self.registry.add(address, spec, dp_size)?)
     }
 
-    /// Unregisters a worker and forgets its cache history. Its requests in
-    /// flight finish; their ends are still accounted.
-    pub fn remove_worker(&self, url: &str) -> Result<Arc<Worker>, WorkerChangeError> {
+    /// Unregisters a server (all its units) and forgets its cache history.
+    /// Its requests in flight finish; their ends are still accounted.
+    pub fn remove_worker(&self, url: &str) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
         let (normalised, _, _) = WorkerAddress::normalise(url)?;
-        let worker = self.registry.remove(&normalised)?;
-        self.policy.on_removed(&worker);
-        Ok(worker)
+        let units = self.registry.remove(&normalised)?;
+        for unit in &units {
+            self.policies.of(unit.role()).on_removed(unit);
+        }
+        Ok(units)
     }
 
     /// Releases requests whose end was never reported.
     pub fn reap(&self, timeout: std::time::Duration) -> usize {
+        self.prefill.reap(timeout);
         self.tickets.reap(timeout)
     }
 
@@ -181,6 +410,19 @@ impl Engine {
     pub fn in_flight(&self) -> usize {
         self.tickets.open_count()
     }
+}
+
+fn elapsed(started: Instant) -> f64 {
+    started.elapsed().as_secs_f64()
+}
+
+fn fields(list: Vec<(&'static str, String)>) -> Vec<BodyField> {
+    list.into_iter()
+        .map(|(key, json_value)| BodyField {
+            key: key.to_string(),
+            json_value,
+        })
+        .collect()
 }
 
 fn reject(status: u32, kind: &str, message: &str) -> RouteResponse {
@@ -208,24 +450,32 @@ mod tests {
     use super::*;
     use crate::policy::RoundRobin;
 
-    fn engine(n: u16) -> Engine {
+    fn address(port: u16) -> WorkerAddress {
+        WorkerAddress {
+            url: format!("http://127.0.0.1:{port}"),
+            host: "127.0.0.1".into(),
+            endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
+        }
+    }
+
+    fn engine_with(options: EngineOptions, servers: &[(u16, WorkerSpec, Option<u32>)]) -> Engine {
         let registry = Arc::new(Registry::default());
-        for port in 1..=n {
-            let w = registry
-                .add(WorkerAddress {
-                    url: format!("http://127.0.0.1:{port}"),
-                    host: "127.0.0.1".into(),
-                    endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
-                })
-                .unwrap();
-            registry.set_healthy(&w, true);
+        for (port, spec, dp) in servers {
+            let units = registry.add(address(*port), *spec, *dp).unwrap();
+            registry.set_healthy(&units[0], true);
         }
         Engine::new(
             registry,
-            Arc::new(RoundRobin::default()),
+            Policies::same(Arc::new(RoundRobin::default())),
             Arc::new(Metrics::default()),
-            2,
+            options,
         )
+        .unwrap()
+    }
+
+    fn engine(n: u16) -> Engine {
+        let servers: Vec<_> = (1..=n).map(|p| (p, WorkerSpec::REGULAR, None)).collect();
+        engine_with(EngineOptions::default(), &servers)
     }
 
     fn ask(e: &Engine, ticket: u64) -> RouteResponse {
@@ -251,6 +501,7 @@ mod tests {
         let d = decision(ask(&e, 42));
         assert_eq!(d.ticket, 42);
         assert_eq!(d.endpoints.len(), 3, "primary plus two fallbacks");
+        assert!(d.inject.is_empty(), "nothing injected without DP");
         let w = e.registry().get(&d.worker_url).unwrap();
         assert_eq!(w.load(), 1);
         assert!(e
@@ -298,5 +549,123 @@ mod tests {
         let d = decision(ask(&e, 9));
         assert_eq!(e.registry().get(&d.worker_url).unwrap().load(), 0);
         assert_eq!(e.in_flight(), 0);
+    }
+
+    #[test]
+    fn dp_aware_units_get_their_rank_and_fallbacks_skip_sibling_ranks() {
+        let e = engine_with(
+            EngineOptions::default(),
+            &[
+                (1, WorkerSpec::REGULAR, Some(2)),
+                (2, WorkerSpec::REGULAR, Some(2)),
+            ],
+        );
+        let mut seen = std::collections::HashSet::new();
+        for t in 1..=4 {
+            let d = decision(ask(&e, t));
+            assert_eq!(d.inject.len(), 1);
+            assert_eq!(d.inject[0].key, "data_parallel_rank");
+            let rank: u32 = d.inject[0].json_value.parse().unwrap();
+            assert!(d.worker_url.ends_with(&format!("@{rank}")), "{d:?}");
+            assert_eq!(d.endpoints.len(), 2, "one fallback: the other server");
+            assert_ne!(d.endpoints[0], d.endpoints[1]);
+            seen.insert(d.worker_url);
+        }
+        assert_eq!(
+            seen.len(),
+            4,
+            "round robin visits every rank of every server"
+        );
+    }
+
+    fn pd_engine() -> Engine {
+        let prefill = WorkerSpec {
+            role: Role::Prefill,
+            bootstrap_port: Some(9),
+        };
+        let decode = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        engine_with(
+            EngineOptions {
+                pd: true,
+                ..Default::default()
+            },
+            // The prefill "server" is a closed port: the prefill fails fast.
+            &[(1, prefill, None), (2, decode, None)],
+        )
+    }
+
+    #[tokio::test]
+    async fn pd_asks_for_the_body_then_decides_and_reports_prefill_failure() {
+        let e = pd_engine();
+        match ask(&e, 1).outcome {
+            Some(route_response::Outcome::NeedBody(_)) => {}
+            other => panic!("expected NeedBody, got {other:?}"),
+        }
+        let r = e.route(&RouteRequest {
+            path: "/generate".into(),
+            method: "POST".into(),
+            routing_text: b"hello".to_vec(),
+            body: br#"{"text":"hello"}"#.to_vec(),
+            ticket: 2,
+            ..Default::default()
+        });
+        let d = decision(r);
+        assert!(d.await_prefill);
+        assert_eq!(d.worker_url, "http://127.0.0.1:2");
+        let keys: Vec<_> = d.inject.iter().map(|f| f.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "rid",
+                "bootstrap_host",
+                "bootstrap_port",
+                "bootstrap_room",
+                "data_parallel_rank",
+                "data_parallel_rank_decode"
+            ]
+        );
+        let outcome = e.await_prefill(2).await;
+        assert!(!outcome.ok);
+        assert_eq!(outcome.http_status, 502);
+        let prefill = e.registry().get("http://127.0.0.1:1").unwrap();
+        assert_eq!(prefill.load(), 0, "prefill load released when it ended");
+        e.complete(&Completion {
+            ticket: 2,
+            http_status: 502,
+            ..Default::default()
+        });
+        assert_eq!(e.registry().get("http://127.0.0.1:2").unwrap().load(), 0);
+    }
+
+    #[tokio::test]
+    async fn pd_without_prefill_workers_is_503() {
+        let decode = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        let e = engine_with(
+            EngineOptions {
+                pd: true,
+                ..Default::default()
+            },
+            &[(2, decode, None)],
+        );
+        let r = e.route(&RouteRequest {
+            path: "/generate".into(),
+            method: "POST".into(),
+            body: br#"{"text":"x"}"#.to_vec(),
+            ticket: 3,
+            ..Default::default()
+        });
+        match r.outcome {
+            Some(route_response::Outcome::Rejection(r)) => {
+                assert_eq!(r.http_status, 503);
+                assert!(r.message.contains("prefill"), "{}", r.message);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -6,11 +6,14 @@
 //! consult the radix `tree`), counts load under the request's ticket
 //! (`tickets`) and answers; `Complete` releases the load. `xds` publishes the
 //! workers to Envoy, `admin` changes them, `metrics` reports on all of it.
+//! In PD mode the engine also builds the bootstrap fields and sends the
+//! prefill half itself (`pd`), and the filter waits for it (`AwaitPrefill`).
 
 pub mod admin;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+pub mod pd;
 pub mod policy;
 pub mod service;
 pub mod tickets;

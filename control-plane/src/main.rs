@@ -13,20 +13,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryServiceServer;
 use sglang_envoy_proto::router_server::RouterServer;
-use tracing::{info, warn};
+use tracing::{debug, error, info, warn};
 
 use sglang_envoy_control_plane::config::Args;
-use sglang_envoy_control_plane::engine::Engine;
+use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::metrics::Metrics;
-use sglang_envoy_control_plane::workers::{HealthChecker, Registry};
+use sglang_envoy_control_plane::workers::{HealthChecker, Registry, Role, WorkerSpec};
 use sglang_envoy_control_plane::{admin, policy, service, xds};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args = Args::parse_args();
     args.validate().map_err(anyhow::Error::msg)?;
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -44,36 +43,88 @@ async fn main() -> anyhow::Result<()> {
         .init();
 
     let registry = Arc::new(Registry::default());
-    let policy = policy::build(&args);
+    let policies = if args.pd_disaggregation {
+        let prefill = policy::build(args.prefill_policy(), &args);
+        // Its own instance even when of the same kind: the cache-aware trees
+        // of prefill and decode workers must not mix.
+        let decode = policy::build(args.decode_policy(), &args);
+        Policies {
+            regular: prefill.clone(),
+            prefill,
+            decode,
+        }
+    } else {
+        Policies::same(policy::build(args.policy, &args))
+    };
     let metrics = Arc::new(Metrics::default());
     let engine = Arc::new(Engine::new(
         registry.clone(),
-        policy.clone(),
+        policies,
         metrics,
-        args.max_fallback_workers,
-    ));
+        EngineOptions {
+            max_fallbacks: args.max_fallback_workers,
+            pd: args.pd_disaggregation,
+            dp_aware: args.dp_aware,
+            request_timeout: Duration::from_secs(args.request_timeout_secs),
+        },
+    )?);
     let health = Arc::new(HealthChecker::new(registry.clone(), &args)?);
 
-    for url in &args.worker_urls {
-        let worker = engine
-            .add_worker(url)
+    let mut initial: Vec<(String, WorkerSpec)> = args
+        .worker_urls
+        .iter()
+        .map(|u| (u.clone(), WorkerSpec::REGULAR))
+        .collect();
+    for (url, bootstrap_port) in args.prefill_workers().map_err(anyhow::Error::msg)? {
+        let spec = WorkerSpec {
+            role: Role::Prefill,
+            bootstrap_port,
+        };
+        initial.push((url, spec));
+    }
+    for url in &args.decode {
+        let spec = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        initial.push((url.clone(), spec));
+    }
+    let startup_timeout = Duration::from_secs(args.worker_startup_timeout_secs);
+    for (url, spec) in initial {
+        if args.dp_aware {
+            // A DP-aware worker's ranks are only known once it answers, which
+            // a freshly started GPU server may take minutes to do.
+            tokio::spawn(register_when_up(
+                engine.clone(),
+                health.clone(),
+                url,
+                spec,
+                startup_timeout,
+            ));
+            continue;
+        }
+        let units = engine
+            .add_worker(&url, spec)
             .await
             .with_context(|| format!("cannot register worker {url}"))?;
-        if !health.admit(&worker).await {
-            warn!(worker = %worker.url, "worker is not healthy yet; it gets requests once it is");
+        if !health.admit(&units[0]).await {
+            warn!(worker = %url, "worker is not healthy yet; it gets requests once it is");
         }
     }
     info!(
         workers = registry.all().len(),
-        healthy = registry.healthy().len(),
-        policy = policy.name(),
+        mode = if args.pd_disaggregation {
+            "pd"
+        } else {
+            "regular"
+        },
+        dp_aware = args.dp_aware,
         "workers registered"
     );
 
     tokio::spawn(health.clone().run());
     tokio::spawn(evict(
-        policy.clone(),
-        registry.clone(),
+        engine.clone(),
         Duration::from_secs(args.eviction_interval_secs),
     ));
     tokio::spawn(reap(
@@ -113,15 +164,52 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Trims the approximate trees every `every`.
-async fn evict(policy: Arc<dyn policy::Policy>, registry: Arc<Registry>, every: Duration) {
+/// Registers a DP-aware worker once it answers `/get_server_info`, trying
+/// every second until `timeout`.
+async fn register_when_up(
+    engine: Arc<Engine>,
+    health: Arc<HealthChecker>,
+    url: String,
+    spec: WorkerSpec,
+    timeout: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match engine.add_worker(&url, spec).await {
+            Ok(units) => {
+                let healthy = health.admit(&units[0]).await;
+                info!(worker = %url, ranks = units.len(), healthy, "DP-aware worker registered");
+                return;
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                debug!(worker = %url, error = %e, "worker not ready; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => {
+                error!(worker = %url, error = %e, "gave up registering worker");
+                return;
+            }
+        }
+    }
+}
+
+/// Trims every policy's approximate trees every `every`.
+async fn evict(engine: Arc<Engine>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
     loop {
         tick.tick().await;
-        // Eviction walks the tree; keep it off the async workers.
-        let (policy, workers) = (policy.clone(), registry.all());
-        let _ = tokio::task::spawn_blocking(move || policy.maintain(&workers)).await;
+        for (_, policy) in engine.policies().each() {
+            // Each policy sees the units it routes over, no others.
+            let all = engine.registry().all();
+            let units: Vec<_> = all
+                .iter()
+                .filter(|w| Arc::ptr_eq(engine.policies().of(w.role()), &policy))
+                .cloned()
+                .collect();
+            // Eviction walks the tree; keep it off the async workers.
+            let _ = tokio::task::spawn_blocking(move || policy.maintain(&units)).await;
+        }
     }
 }
 

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use sglang_envoy_proto::router_server::Router;
-use sglang_envoy_proto::{CompleteRequest, CompleteResponse, RouteRequest, RouteResponse};
+use sglang_envoy_proto::{
+    CompleteRequest, CompleteResponse, PrefillOutcome, PrefillWait, RouteRequest, RouteResponse,
+};
 use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
@@ -42,5 +44,13 @@ impl Router for RouterService {
             }
         }
         Ok(Response::new(CompleteResponse {}))
+    }
+
+    async fn await_prefill(
+        &self,
+        request: Request<PrefillWait>,
+    ) -> Result<Response<PrefillOutcome>, Status> {
+        let ticket = request.get_ref().ticket;
+        Ok(Response::new(self.engine.await_prefill(ticket).await))
     }
 }

@@ -23,7 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use crate::workers::Registry;
+use crate::workers::{Registry, Role};
 
 const CLA_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
@@ -40,9 +40,13 @@ impl Eds {
 }
 
 fn assignment(registry: &Registry, cluster: &str) -> ClusterLoadAssignment {
-    let lb_endpoints = registry
-        .all()
+    let all = registry.all();
+    // Envoy only talks to regular and decode servers (the control plane sends
+    // the prefill half itself), once per server however many DP ranks it has.
+    let mut seen = std::collections::HashSet::new();
+    let lb_endpoints = all
         .iter()
+        .filter(|w| w.role() != Role::Prefill && seen.insert(w.endpoint))
         .map(|w| LbEndpoint {
             host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
                 address: Some(Address {
@@ -163,18 +167,30 @@ impl EndpointDiscoveryService for Eds {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::WorkerAddress;
+    use crate::workers::{WorkerAddress, WorkerSpec};
 
     #[test]
-    fn assignment_lists_every_registered_worker() {
+    fn assignment_lists_every_server_envoy_talks_to_once() {
         let r = Registry::default();
-        for port in [7001u16, 7002] {
-            r.add(WorkerAddress {
+        let specs = [
+            (7001u16, WorkerSpec::REGULAR, None),
+            (7002, WorkerSpec::REGULAR, Some(4)),
+            (
+                7003,
+                WorkerSpec {
+                    role: Role::Prefill,
+                    bootstrap_port: None,
+                },
+                None,
+            ),
+        ];
+        for (port, spec, dp) in specs {
+            let address = WorkerAddress {
                 url: format!("http://127.0.0.1:{port}"),
                 host: "127.0.0.1".into(),
                 endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
-            })
-            .unwrap();
+            };
+            r.add(address, spec, dp).unwrap();
         }
         let cla = assignment(&r, "sglang_workers");
         assert_eq!(cla.cluster_name, "sglang_workers");

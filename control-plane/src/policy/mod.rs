@@ -59,9 +59,9 @@ pub trait Policy: Send + Sync {
     fn maintain(&self, _registered: &[Arc<Worker>]) {}
 }
 
-/// The policy the flags ask for.
-pub fn build(args: &Args) -> Arc<dyn Policy> {
-    match args.policy {
+/// A policy of `kind`, tuned by the flags.
+pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
+    match kind {
         PolicyKind::Random => Arc::new(Random),
         PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
         PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
@@ -99,7 +99,7 @@ pub(crate) fn least_loaded(workers: &[Arc<Worker>], keep: impl Fn(usize) -> bool
 pub(crate) mod test_support {
     use std::sync::Arc;
 
-    use crate::workers::{Worker, WorkerAddress};
+    use crate::workers::{Worker, WorkerAddress, WorkerSpec};
 
     /// `n` healthy workers on loopback ports 1..=n, tenants 0..n.
     pub fn workers(n: usize) -> Vec<Arc<Worker>> {
@@ -112,6 +112,9 @@ pub(crate) mod test_support {
                         host: "127.0.0.1".into(),
                         endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
                     },
+                    WorkerSpec::REGULAR,
+                    None,
+                    Arc::default(),
                     i as u32,
                 );
                 w.set_healthy(true);

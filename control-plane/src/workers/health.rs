@@ -36,21 +36,24 @@ impl HealthChecker {
 
     /// One GET of the health endpoint; true on a 2xx answer.
     pub async fn probe(&self, worker: &Worker) -> bool {
-        let url = format!("{}{}", worker.url, self.path);
+        let url = format!("{}{}", worker.base_url, self.path);
         matches!(self.client.get(&url).send().await, Ok(r) if r.status().is_success())
     }
 
-    /// Checks every worker once, concurrently.
+    /// Checks every server once, concurrently (DP-rank units of one server
+    /// share its health, so each server is probed once).
     pub async fn check_all(&self) {
         let workers = self.registry.all();
-        let checks = workers.iter().map(|w| async move {
+        let mut seen = std::collections::HashSet::new();
+        let servers = workers.iter().filter(|w| seen.insert(w.base_url.as_str()));
+        let checks = servers.map(|w| async move {
             let ok = self.probe(w).await;
             if w.record_check(ok, self.failure_threshold, self.success_threshold) {
                 self.registry.health_changed();
                 if ok {
-                    info!(worker = %w.url, "worker is healthy");
+                    info!(worker = %w.base_url, "worker is healthy");
                 } else {
-                    warn!(worker = %w.url, "worker is unhealthy");
+                    warn!(worker = %w.base_url, "worker is unhealthy");
                 }
             }
         });
@@ -72,7 +75,7 @@ impl HealthChecker {
     /// rather than after `failure_threshold` intervals.
     pub async fn suspect(&self, worker: &Worker) {
         if !self.probe(worker).await && worker.is_healthy() {
-            warn!(worker = %worker.url, "worker failed a request and its health check; marking unhealthy");
+            warn!(worker = %worker.base_url, "worker failed a request and its health check; marking unhealthy");
             self.registry.set_healthy(worker, false);
         }
     }

@@ -2,11 +2,13 @@
 //! healthy, and how many requests each has in flight.
 
 mod address;
+mod discovery;
 mod health;
 mod registry;
 mod worker;
 
 pub use address::{AddressError, WorkerAddress};
+pub use discovery::{dp_size, DiscoveryError};
 pub use health::HealthChecker;
 pub use registry::{Registry, RegistryError};
-pub use worker::Worker;
+pub use worker::{Health, Role, Worker, WorkerSpec};

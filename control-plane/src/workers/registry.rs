@@ -5,7 +5,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::workers::{Worker, WorkerAddress};
+use crate::workers::{Health, Role, Worker, WorkerAddress, WorkerSpec};
 
 /// Why a registry change was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -18,16 +18,18 @@ pub enum RegistryError {
     NotFound(String),
 }
 
-/// All registered workers.
+/// All registered workers (routing units: one per server, or one per DP rank
+/// with `--dp-aware`).
 ///
-/// Routing decisions read immutable snapshots (`healthy()`), swapped
+/// Routing decisions read immutable snapshots (`healthy(role)`), swapped
 /// atomically, so a decision takes no lock however many workers there are;
 /// only the rare changes (add, remove, health flips) take the writer lock and
 /// rebuild the snapshots. Every change bumps a version that EDS watches.
 pub struct Registry {
     workers: Mutex<Vec<Arc<Worker>>>,
     all: ArcSwap<Vec<Arc<Worker>>>,
-    healthy: ArcSwap<Vec<Arc<Worker>>>,
+    /// Healthy units per role, indexed by [`role_index`].
+    healthy: [ArcSwap<Vec<Arc<Worker>>>; 3],
     version: watch::Sender<u64>,
     next_tenant: AtomicU32,
 }
@@ -37,7 +39,7 @@ impl Default for Registry {
         Registry {
             workers: Mutex::new(Vec::new()),
             all: ArcSwap::from_pointee(Vec::new()),
-            healthy: ArcSwap::from_pointee(Vec::new()),
+            healthy: std::array::from_fn(|_| ArcSwap::from_pointee(Vec::new())),
             version: watch::Sender::new(1),
             next_tenant: AtomicU32::new(0),
         }
@@ -45,29 +47,51 @@ impl Default for Registry {
 }
 
 impl Registry {
-    /// Registers a worker (unhealthy until its first good health check).
-    pub fn add(&self, address: WorkerAddress) -> Result<Arc<Worker>, RegistryError> {
+    /// Registers a server (unhealthy until its first good health check):
+    /// one unit, or one per DP rank when `dp_size` is given. Returns the units.
+    pub fn add(
+        &self,
+        address: WorkerAddress,
+        spec: WorkerSpec,
+        dp_size: Option<u32>,
+    ) -> Result<Vec<Arc<Worker>>, RegistryError> {
         let mut workers = self.workers.lock();
-        if workers.iter().any(|w| w.url == address.url) {
+        if workers.iter().any(|w| w.base_url == address.url) {
             return Err(RegistryError::Duplicate(address.url));
         }
-        let tenant = self.next_tenant.fetch_add(1, Ordering::Relaxed);
-        let worker = Arc::new(Worker::new(address, tenant));
-        workers.push(worker.clone());
+        let health = Arc::new(Health::default());
+        let ranks: Vec<Option<u32>> = match dp_size {
+            Some(n) => (0..n.max(1)).map(Some).collect(),
+            None => vec![None],
+        };
+        let units: Vec<Arc<Worker>> = ranks
+            .into_iter()
+            .map(|rank| {
+                let tenant = self.next_tenant.fetch_add(1, Ordering::Relaxed);
+                Arc::new(Worker::new(
+                    address.clone(),
+                    spec,
+                    rank,
+                    health.clone(),
+                    tenant,
+                ))
+            })
+            .collect();
+        workers.extend(units.iter().cloned());
         self.publish(&workers);
-        Ok(worker)
+        Ok(units)
     }
 
-    /// Unregisters the worker with this (normalised) URL.
-    pub fn remove(&self, url: &str) -> Result<Arc<Worker>, RegistryError> {
+    /// Unregisters the server with this (normalised) URL and all its units.
+    pub fn remove(&self, url: &str) -> Result<Vec<Arc<Worker>>, RegistryError> {
         let mut workers = self.workers.lock();
-        let index = workers
-            .iter()
-            .position(|w| w.url == url)
-            .ok_or_else(|| RegistryError::NotFound(url.to_string()))?;
-        let worker = workers.remove(index);
+        let (removed, kept): (Vec<_>, Vec<_>) = workers.drain(..).partition(|w| w.base_url == url);
+        *workers = kept;
+        if removed.is_empty() {
+            return Err(RegistryError::NotFound(url.to_string()));
+        }
         self.publish(&workers);
-        Ok(worker)
+        Ok(removed)
     }
 
     /// Sets a worker's health and republishes the snapshots if it changed.
@@ -83,6 +107,11 @@ impl Registry {
         self.publish(&workers);
     }
 
+    /// Whether a server with this normalised URL is registered.
+    pub fn contains(&self, base_url: &str) -> bool {
+        self.all.load().iter().any(|w| w.base_url == base_url)
+    }
+
     /// The worker registered under this normalised URL.
     #[cfg(test)]
     pub fn get(&self, url: &str) -> Option<Arc<Worker>> {
@@ -94,9 +123,9 @@ impl Registry {
         self.all.load_full()
     }
 
-    /// The workers that may get new requests, in registration order.
-    pub fn healthy(&self) -> Arc<Vec<Arc<Worker>>> {
-        self.healthy.load_full()
+    /// The units of `role` that may get new requests, in registration order.
+    pub fn healthy(&self, role: Role) -> Arc<Vec<Arc<Worker>>> {
+        self.healthy[role_index(role)].load_full()
     }
 
     /// Notified on every change; the value is the registry version.
@@ -106,9 +135,23 @@ impl Registry {
 
     fn publish(&self, workers: &[Arc<Worker>]) {
         self.all.store(Arc::new(workers.to_vec()));
-        let healthy = workers.iter().filter(|w| w.is_healthy()).cloned().collect();
-        self.healthy.store(Arc::new(healthy));
+        for role in [Role::Regular, Role::Prefill, Role::Decode] {
+            let healthy = workers
+                .iter()
+                .filter(|w| w.role() == role && w.is_healthy())
+                .cloned()
+                .collect();
+            self.healthy[role_index(role)].store(Arc::new(healthy));
+        }
         self.version.send_modify(|v| *v += 1);
+    }
+}
+
+fn role_index(role: Role) -> usize {
+    match role {
+        Role::Regular => 0,
+        Role::Prefill => 1,
+        Role::Decode => 2,
     }
 }
 
@@ -129,22 +172,56 @@ mod tests {
         let r = Registry::default();
         let rx = r.subscribe();
         let v0 = *rx.borrow();
-        let a = r.add(address(1)).unwrap();
-        let b = r.add(address(2)).unwrap();
+        let a = r
+            .add(address(1), WorkerSpec::REGULAR, None)
+            .unwrap()
+            .remove(0);
+        let b = r
+            .add(address(2), WorkerSpec::REGULAR, None)
+            .unwrap()
+            .remove(0);
         assert_ne!(a.tenant, b.tenant);
         assert_eq!(
-            r.add(address(1)).unwrap_err(),
+            r.add(address(1), WorkerSpec::REGULAR, None).unwrap_err(),
             RegistryError::Duplicate("http://127.0.0.1:1".into())
         );
         assert_eq!(r.all().len(), 2);
-        assert!(r.healthy().is_empty(), "new workers start unhealthy");
+        assert!(
+            r.healthy(Role::Regular).is_empty(),
+            "new workers start unhealthy"
+        );
         r.set_healthy(&a, true);
-        assert_eq!(r.healthy().len(), 1);
-        assert_eq!(r.healthy()[0].url, a.url);
+        assert_eq!(r.healthy(Role::Regular).len(), 1);
+        assert_eq!(r.healthy(Role::Regular)[0].url, a.url);
         r.remove(&a.url).unwrap();
-        assert!(r.healthy().is_empty());
+        assert!(r.healthy(Role::Regular).is_empty());
         assert_eq!(r.all().len(), 1);
         assert!(r.remove(&a.url).is_err());
         assert!(*rx.borrow() >= v0 + 4);
+    }
+
+    #[test]
+    fn dp_ranks_are_units_of_one_server_and_roles_are_separate() {
+        let r = Registry::default();
+        let decode = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        let units = r.add(address(1), decode, Some(4)).unwrap();
+        assert_eq!(units.len(), 4);
+        let prefill = WorkerSpec {
+            role: Role::Prefill,
+            bootstrap_port: Some(9000),
+        };
+        let p = r.add(address(2), prefill, None).unwrap();
+        r.set_healthy(&units[0], true);
+        r.set_healthy(&p[0], true);
+        let healthy = r.healthy(Role::Decode);
+        let ranks: Vec<_> = healthy.iter().map(|w| w.dp_rank).collect();
+        assert_eq!(ranks, [Some(0), Some(1), Some(2), Some(3)]);
+        assert_eq!(r.healthy(Role::Prefill).len(), 1);
+        assert!(r.healthy(Role::Regular).is_empty());
+        assert_eq!(r.remove("http://127.0.0.1:1").unwrap().len(), 4);
+        assert_eq!(r.all().len(), 1);
     }
 }

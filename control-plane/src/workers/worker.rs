@@ -1,44 +1,120 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::tree::TenantId;
 use crate::workers::WorkerAddress;
 
-/// One registered worker: its address, health, and requests in flight.
+/// What a worker does in the fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// A normal SGLang server: prefill and decode in one.
+    Regular,
+    /// PD disaggregation: runs prefills and serves their KV cache to decode
+    /// workers on its bootstrap port.
+    Prefill,
+    /// PD disaggregation: fetches the KV cache and generates.
+    Decode,
+}
+
+impl Role {
+    /// The name used on the wire (`worker_type`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Regular => "regular",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// How a server was registered: its role and, for prefill servers, the
+/// bootstrap port decode workers fetch the KV cache from (`None` sends a
+/// null port: the decode worker then uses its own default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerSpec {
+    /// Regular, prefill or decode.
+    pub role: Role,
+    /// Prefill servers only.
+    pub bootstrap_port: Option<u16>,
+}
+
+impl WorkerSpec {
+    /// A regular worker.
+    pub const REGULAR: WorkerSpec = WorkerSpec {
+        role: Role::Regular,
+        bootstrap_port: None,
+    };
+}
+
+/// Health of one server, shared by all its DP-rank units: they live in one
+/// process and answer one health endpoint.
+#[derive(Debug, Default)]
+pub struct Health {
+    healthy: AtomicBool,
+    failures: AtomicU32,
+    successes: AtomicU32,
+}
+
+/// One routing unit: a registered worker, or with `--dp-aware` one DP rank of
+/// it. Each unit has its own load count and its own tenant in the
+/// approximate radix tree, because each rank has its own KV cache and queue.
 #[derive(Debug)]
 pub struct Worker {
-    /// `http://host:port` as registered.
+    /// The unit's name: `http://host:port`, with `@rank` appended for a DP rank
+    /// (sglang-router's convention).
     pub url: String,
+    /// `http://host:port` of the server as registered.
+    pub base_url: String,
     /// The host of the URL (what PD mode sends as `bootstrap_host`).
     pub host: String,
     /// Where Envoy connects.
     pub endpoint: SocketAddr,
     /// `endpoint` as the `ip:port` text Envoy's override_host reads.
     pub endpoint_text: String,
-    /// This worker's tenant in the approximate radix tree.
+    /// Regular, prefill or decode, and the bootstrap port.
+    pub spec: WorkerSpec,
+    /// The DP rank this unit stands for (`--dp-aware`), else `None`.
+    pub dp_rank: Option<u32>,
+    /// This unit's tenant in the approximate radix tree.
     pub tenant: TenantId,
     load: AtomicUsize,
-    healthy: AtomicBool,
-    failures: AtomicU32,
-    successes: AtomicU32,
+    health: Arc<Health>,
     processed: AtomicUsize,
 }
 
 impl Worker {
-    /// A new worker; it starts unhealthy until a health check passes.
-    pub fn new(address: WorkerAddress, tenant: TenantId) -> Self {
+    /// A new unit; it starts unhealthy until a health check passes. Units of
+    /// one server share `health`.
+    pub fn new(
+        address: WorkerAddress,
+        spec: WorkerSpec,
+        dp_rank: Option<u32>,
+        health: Arc<Health>,
+        tenant: TenantId,
+    ) -> Self {
+        let url = match dp_rank {
+            Some(rank) => format!("{}@{rank}", address.url),
+            None => address.url.clone(),
+        };
         Worker {
             endpoint_text: address.endpoint.to_string(),
-            url: address.url,
+            url,
+            base_url: address.url,
             host: address.host,
             endpoint: address.endpoint,
+            spec,
+            dp_rank,
             tenant,
             load: AtomicUsize::new(0),
-            healthy: AtomicBool::new(false),
-            failures: AtomicU32::new(0),
-            successes: AtomicU32::new(0),
+            health,
             processed: AtomicUsize::new(0),
         }
+    }
+
+    /// Regular or prefill or decode.
+    pub fn role(&self) -> Role {
+        self.spec.role
     }
 
     /// Requests sent to this worker whose end has not been reported yet.
@@ -66,22 +142,23 @@ impl Worker {
 
     /// Whether the worker gets new requests.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        self.health.healthy.load(Ordering::Relaxed)
     }
 
     /// Records a health check; returns true when the health state changed.
     pub fn record_check(&self, ok: bool, failure_threshold: u32, success_threshold: u32) -> bool {
+        let h = &self.health;
         if ok {
-            self.failures.store(0, Ordering::Relaxed);
-            let n = self.successes.fetch_add(1, Ordering::Relaxed) + 1;
+            h.failures.store(0, Ordering::Relaxed);
+            let n = h.successes.fetch_add(1, Ordering::Relaxed) + 1;
             if !self.is_healthy() && n >= success_threshold {
-                return !self.healthy.swap(true, Ordering::Relaxed);
+                return !h.healthy.swap(true, Ordering::Relaxed);
             }
         } else {
-            self.successes.store(0, Ordering::Relaxed);
-            let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+            h.successes.store(0, Ordering::Relaxed);
+            let n = h.failures.fetch_add(1, Ordering::Relaxed) + 1;
             if self.is_healthy() && n >= failure_threshold {
-                return self.healthy.swap(false, Ordering::Relaxed);
+                return h.healthy.swap(false, Ordering::Relaxed);
             }
         }
         false
@@ -89,9 +166,10 @@ impl Worker {
 
     /// Sets the health state directly; returns true when it changed.
     pub fn set_healthy(&self, healthy: bool) -> bool {
-        self.failures.store(0, Ordering::Relaxed);
-        self.successes.store(0, Ordering::Relaxed);
-        self.healthy.swap(healthy, Ordering::Relaxed) != healthy
+        let h = &self.health;
+        h.failures.store(0, Ordering::Relaxed);
+        h.successes.store(0, Ordering::Relaxed);
+        h.healthy.swap(healthy, Ordering::Relaxed) != healthy
     }
 }
 
@@ -99,15 +177,29 @@ impl Worker {
 mod tests {
     use super::*;
 
+    fn address() -> WorkerAddress {
+        WorkerAddress {
+            url: "http://127.0.0.1:1".into(),
+            host: "127.0.0.1".into(),
+            endpoint: "127.0.0.1:1".parse().unwrap(),
+        }
+    }
+
     fn worker() -> Worker {
-        Worker::new(
-            WorkerAddress {
-                url: "http://127.0.0.1:1".into(),
-                host: "127.0.0.1".into(),
-                endpoint: "127.0.0.1:1".parse().unwrap(),
-            },
-            0,
-        )
+        Worker::new(address(), WorkerSpec::REGULAR, None, Arc::default(), 0)
+    }
+
+    #[test]
+    fn dp_units_share_health_but_not_load() {
+        let health = Arc::new(Health::default());
+        let a = Worker::new(address(), WorkerSpec::REGULAR, Some(0), health.clone(), 0);
+        let b = Worker::new(address(), WorkerSpec::REGULAR, Some(1), health, 1);
+        assert_eq!(a.url, "http://127.0.0.1:1@0");
+        assert_eq!(b.base_url, "http://127.0.0.1:1");
+        a.set_healthy(true);
+        assert!(b.is_healthy());
+        a.increment_load();
+        assert_eq!((a.load(), b.load()), (1, 0));
     }
 
     #[test]

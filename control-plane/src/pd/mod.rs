@@ -1,0 +1,12 @@
+//! Prefill/decode disaggregation and data-parallel ranks: the fields the
+//! router writes into request bodies, the request ids it makes up, and the
+//! prefill half of the PD fan-out, which the control plane sends itself while
+//! Envoy carries the decode half.
+
+mod fields;
+mod prefill;
+mod rid;
+
+pub use fields::{batch_size, dp_fields, pd_fields, wants_input_logprobs, PdFields};
+pub use prefill::{PrefillDispatcher, PrefillJob};
+pub use rid::RidSource;

@@ -1,0 +1,280 @@
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use sglang_envoy_proto::PrefillOutcome;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tracing::{debug, warn};
+
+use crate::metrics::Metrics;
+use crate::workers::Worker;
+
+/// One prefill request to send.
+#[derive(Debug)]
+pub struct PrefillJob {
+    /// The chosen prefill unit; its load is counted while the request runs.
+    pub worker: Arc<Worker>,
+    /// Path (and query) of the client's request.
+    pub path: String,
+    /// Client headers to forward.
+    pub headers: Vec<(String, String)>,
+    /// The client's body with the prefill fields spliced in.
+    pub body: Vec<u8>,
+    /// Return the prefill's `meta_info.input_token_logprobs`.
+    pub want_logprobs: bool,
+}
+
+/// Sends the prefill half of PD requests and keeps each one's outcome until
+/// the filter asks for it (`AwaitPrefill`), the request ends, or it expires.
+pub struct PrefillDispatcher {
+    client: reqwest::Client,
+    pending: DashMap<u64, Pending>,
+    metrics: Arc<Metrics>,
+}
+
+struct Pending {
+    outcome: watch::Receiver<Option<PrefillOutcome>>,
+    task: AbortHandle,
+    started: Instant,
+}
+
+/// Holds a prefill unit's load for as long as its request runs, including
+/// when the task is aborted (client gone) or panics.
+struct LoadGuard(Arc<Worker>);
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.0.decrement_load();
+    }
+}
+
+impl PrefillDispatcher {
+    /// A dispatcher whose requests give up after `timeout`.
+    pub fn new(timeout: Duration, metrics: Arc<Metrics>) -> Result<Self, reqwest::Error> {
+        Ok(PrefillDispatcher {
+            client: reqwest::Client::builder().timeout(timeout).build()?,
+            pending: DashMap::new(),
+            metrics,
+        })
+    }
+
+    /// Starts the prefill request for `ticket`. Must run inside a tokio
+    /// runtime.
+    pub fn dispatch(&self, ticket: u64, job: PrefillJob) {
+        job.worker.increment_load();
+        let guard = LoadGuard(job.worker.clone());
+        let (tx, rx) = watch::channel(None);
+        let client = self.client.clone();
+        let metrics = self.metrics.clone();
+        let task = tokio::spawn(async move {
+            let outcome = send(&client, &job).await;
+            if !outcome.ok {
+                metrics.error("prefill_failed");
+                warn!(worker = %job.worker.url, status = outcome.http_status, message = %outcome.message, "prefill failed");
+            }
+            drop(guard);
+            let _ = tx.send(Some(outcome));
+        });
+        self.pending.insert(
+            ticket,
+            Pending {
+                outcome: rx,
+                task: task.abort_handle(),
+                started: Instant::now(),
+            },
+        );
+    }
+
+    /// Waits for the outcome of `ticket`'s prefill and forgets it.
+    pub async fn wait(&self, ticket: u64) -> PrefillOutcome {
+        let Some(mut rx) = self.pending.get(&ticket).map(|p| p.outcome.clone()) else {
+            return failure(
+                503,
+                "no prefill request is known for this ticket (was the control plane restarted?)",
+            );
+        };
+        let outcome = match rx.wait_for(Option::is_some).await {
+            Ok(o) => o.clone().unwrap_or_default(),
+            // The task was aborted: the request ended meanwhile.
+            Err(_) => failure(499, "the request ended before its prefill did"),
+        };
+        self.pending.remove(&ticket);
+        outcome
+    }
+
+    /// The request of `ticket` ended. A prefill still running then serves
+    /// nobody (the client went away, or decode failed and its error went
+    /// back): it is stopped, and dropping its connection aborts it on the
+    /// worker, which frees the KV cache it holds for a decode that never comes.
+    pub fn finish(&self, ticket: u64) {
+        if let Some((_, p)) = self.pending.remove(&ticket) {
+            p.task.abort();
+        }
+    }
+
+    /// Forgets outcomes nobody asked for within `timeout`.
+    pub fn reap(&self, timeout: Duration) -> usize {
+        let before = self.pending.len();
+        self.pending.retain(|_, p| {
+            let keep = p.started.elapsed() < timeout;
+            if !keep {
+                p.task.abort();
+            }
+            keep
+        });
+        before - self.pending.len()
+    }
+
+    /// Prefill outcomes being kept.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+fn failure(status: u32, message: &str) -> PrefillOutcome {
+    PrefillOutcome {
+        ok: false,
+        http_status: status,
+        message: message.to_string(),
+        error_type: "prefill_failed".into(),
+        input_token_logprobs: String::new(),
+    }
+}
+
+/// Headers that belong to one hop, or that the client cannot set for the
+/// worker, are not forwarded.
+fn forwardable(name: &str) -> bool {
+    !(name.starts_with(':')
+        || name.starts_with("x-envoy-")
+        || matches!(
+            name,
+            "host"
+                | "content-length"
+                | "transfer-encoding"
+                | "connection"
+                | "keep-alive"
+                | "te"
+                | "trailer"
+                | "upgrade"
+                | "proxy-authorization"
+                | "proxy-connection"
+                | "expect"
+                | "accept-encoding"
+        ))
+}
+
+async fn send(client: &reqwest::Client, job: &PrefillJob) -> PrefillOutcome {
+    let url = format!("{}{}", job.worker.base_url, job.path);
+    let mut request = client.post(&url);
+    let mut has_content_type = false;
+    for (name, value) in &job.headers {
+        let lower = name.to_ascii_lowercase();
+        if forwardable(&lower) {
+            has_content_type |= lower == "content-type";
+            request = request.header(name.as_str(), value.as_str());
+        }
+    }
+    if !has_content_type {
+        request = request.header("content-type", "application/json");
+    }
+    debug!(%url, "sending prefill");
+    let response = match request.body(job.body.clone()).send().await {
+        Ok(r) => r,
+        Err(e) => {
+            return failure(
+                502,
+                &format!("prefill server {} failed: {e}", job.worker.base_url),
+            )
+        }
+    };
+    let status = response.status();
+    let body = match response.bytes().await {
+        Ok(b) => b,
+        Err(e) => {
+            return failure(
+                502,
+                &format!(
+                    "reading the answer of prefill server {} failed: {e}",
+                    job.worker.base_url
+                ),
+            )
+        }
+    };
+    if !status.is_success() {
+        let text = String::from_utf8_lossy(&body);
+        return failure(
+            u32::from(status.as_u16()),
+            &format!(
+                "prefill server {} answered {status}: {}",
+                job.worker.base_url,
+                text.trim()
+            ),
+        );
+    }
+    let events = json_events(&body);
+    if let Some(error) = events.iter().find_map(|e| e.get("error")) {
+        return failure(
+            500,
+            &format!(
+                "prefill server {} reported an error: {error}",
+                job.worker.base_url
+            ),
+        );
+    }
+    let input_token_logprobs = if job.want_logprobs {
+        events
+            .iter()
+            .find_map(|e| e.pointer("/meta_info/input_token_logprobs"))
+            .map(|v| v.to_string())
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    PrefillOutcome {
+        ok: true,
+        http_status: u32::from(status.as_u16()),
+        input_token_logprobs,
+        ..Default::default()
+    }
+}
+
+/// The JSON documents of an answer: the body itself, or each `data:` event
+/// of a streamed (SSE) answer.
+fn json_events(body: &[u8]) -> Vec<serde_json::Value> {
+    if let Ok(v) = serde_json::from_slice(body) {
+        return vec![v];
+    }
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str(d.trim()).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_of_json_and_sse_bodies() {
+        assert_eq!(json_events(br#"{"a":1}"#).len(), 1);
+        let sse = b"data: {\"meta_info\":{\"input_token_logprobs\":[[-1.0,5,null]]}}\n\ndata: {\"x\":2}\n\ndata: [DONE]\n\n";
+        let events = json_events(sse);
+        assert_eq!(events.len(), 2);
+        assert!(events[0]
+            .pointer("/meta_info/input_token_logprobs")
+            .is_some());
+        assert!(json_events(b"not json").is_empty());
+    }
+
+    #[test]
+    fn hop_headers_are_not_forwarded() {
+        assert!(forwardable("authorization"));
+        assert!(forwardable("traceparent"));
+        assert!(forwardable("x-request-id"));
+        assert!(!forwardable(":path"));
+        assert!(!forwardable("content-length"));
+        assert!(!forwardable("x-envoy-expected-rq-timeout-ms"));
+    }
+}
