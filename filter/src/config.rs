@@ -15,6 +15,8 @@ pub struct FilterConfig {
     pub report_interval_ms: u64,
     /// Header read by the worker cluster's `override_host` policy.
     pub endpoint_header: String,
+    /// PD mode: longest wait for the prefill half before the client gets 503.
+    pub prefill_timeout_ms: u64,
 }
 
 impl Default for FilterConfig {
@@ -28,6 +30,7 @@ impl Default for FilterConfig {
             max_body_bytes: 32 * 1024 * 1024,
             report_interval_ms: 20,
             endpoint_header: "x-gateway-destination-endpoint".into(),
+            prefill_timeout_ms: 1_800_000,
         }
     }
 }

@@ -1,3 +1,4 @@
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
@@ -5,19 +6,37 @@ use log::{debug, warn};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use sglang_envoy_body::{is_info_path, RequestBody, Route};
+use sglang_envoy_body::{
+    is_info_path, merge_first_sse_event, merge_input_logprobs, RequestBody, Route, SseMerge,
+};
 use sglang_envoy_proto::{
-    route_response, Completion, Decision, RouteRequest, RouteResponse, SERVICE_NAME,
+    route_response, Completion, Decision, Header, PrefillOutcome, PrefillWait, RouteRequest,
+    RouteResponse, SERVICE_NAME,
 };
 
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
 use crate::reply::send_error;
 
+/// Where the prefill half of a PD request stands, as far as this stream knows.
+#[derive(Debug)]
+enum Prefill {
+    /// Not a PD request.
+    None,
+    /// Sent by the control plane; `AwaitPrefill` has not answered.
+    Pending,
+    /// Succeeded; the prefill's input logprobs to merge, if asked for.
+    Done(Option<String>),
+    /// Failed, or no longer matters (the decode answer was an error).
+    Over,
+}
+
 /// One HTTP stream passing through the filter.
 pub struct Request {
     config: Rc<FilterConfig>,
     queue: CompletionQueue,
+    /// Set (for the whole VM) once the control plane asked for bodies.
+    send_body: Rc<Cell<bool>>,
     ticket: u64,
     /// The inference route, for POSTs whose body we route on.
     route: Option<Route>,
@@ -29,14 +48,34 @@ pub struct Request {
     asked: bool,
     /// The response reached its end (as opposed to a hang-up or reset).
     response_done: bool,
+    /// The question sent, kept to ask again with the body (`NeedBody`).
+    question: Option<RouteRequest>,
+    /// The outstanding `AwaitPrefill` call.
+    prefill_call: Option<u32>,
+    prefill: Prefill,
+    /// Merge the prefill's input logprobs into the answer.
+    merge_logprobs: bool,
+    /// The response's headers wait for the prefill's outcome.
+    response_paused: bool,
+    /// The answer is an SSE stream.
+    response_is_sse: bool,
+    /// Bytes of the answer held while waiting, and whether they are all.
+    buffered: usize,
+    body_ended: bool,
 }
 
 impl Request {
     /// A stream with its `ticket`, reporting its end into `queue`.
-    pub fn new(config: Rc<FilterConfig>, queue: CompletionQueue, ticket: u64) -> Self {
+    pub fn new(
+        config: Rc<FilterConfig>,
+        queue: CompletionQueue,
+        send_body: Rc<Cell<bool>>,
+        ticket: u64,
+    ) -> Self {
         Request {
             config,
             queue,
+            send_body,
             ticket,
             route: None,
             path: String::new(),
@@ -44,6 +83,14 @@ impl Request {
             started: None,
             asked: false,
             response_done: false,
+            question: None,
+            prefill_call: None,
+            prefill: Prefill::None,
+            merge_logprobs: false,
+            response_paused: false,
+            response_is_sse: false,
+            buffered: 0,
+            body_ended: false,
         }
     }
 
@@ -59,14 +106,37 @@ impl Request {
                 .unwrap_or_default(),
             body_bytes: body_bytes as u64,
             ticket: self.ticket,
+            body: Vec::new(),
+            headers: Vec::new(),
+        };
+        self.question = Some(question);
+        self.send_question()
+    }
+
+    /// Sends (or re-sends, with the body) the kept question.
+    fn send_question(&mut self) -> Action {
+        let Some(mut question) = self.question.take() else {
+            return Action::Continue;
+        };
+        if self.send_body.get() && question.body.is_empty() && question.body_bytes > 0 {
+            question.body = self
+                .get_http_request_body(0, question.body_bytes as usize)
+                .unwrap_or_default();
+            question.headers = self
+                .get_http_request_headers()
+                .into_iter()
+                .filter(|(name, _)| !name.starts_with(':'))
+                .map(|(name, value)| Header { name, value })
+                .collect();
         }
-        .encode_to_vec();
+        let encoded = question.encode_to_vec();
+        self.question = Some(question);
         match self.dispatch_grpc_call(
             &self.config.control_plane_cluster,
             SERVICE_NAME,
             "Route",
             vec![],
-            Some(&question),
+            Some(&encoded),
             Duration::from_millis(self.config.route_timeout_ms),
         ) {
             Ok(_) => {
@@ -98,10 +168,109 @@ impl Request {
                 return;
             }
         }
+        if decision.await_prefill {
+            let wait = PrefillWait {
+                ticket: self.ticket,
+            }
+            .encode_to_vec();
+            match self.dispatch_grpc_call(
+                &self.config.control_plane_cluster,
+                SERVICE_NAME,
+                "AwaitPrefill",
+                vec![],
+                Some(&wait),
+                Duration::from_millis(self.config.prefill_timeout_ms),
+            ) {
+                Ok(token) => {
+                    self.prefill_call = Some(token);
+                    self.prefill = Prefill::Pending;
+                    self.merge_logprobs = decision.merge_input_logprobs;
+                }
+                Err(status) => {
+                    warn!("cannot wait for the prefill: {status:?}");
+                    send_error(
+                        self,
+                        503,
+                        "service_unavailable",
+                        "the router's control plane cannot be reached",
+                    );
+                    return;
+                }
+            }
+        }
         let endpoints = decision.endpoints.join(",");
         self.set_http_request_header(&self.config.endpoint_header, Some(&endpoints));
         debug!("{} -> {} ({endpoints})", self.path, decision.worker_url);
         self.resume_http_request();
+    }
+
+    /// The prefill's outcome arrived.
+    fn prefill_ended(&mut self, outcome: PrefillOutcome) {
+        if !matches!(self.prefill, Prefill::Pending) {
+            return;
+        }
+        if !outcome.ok {
+            self.prefill = Prefill::Over;
+            let status = u16::try_from(outcome.http_status)
+                .ok()
+                .filter(|s| (400..600).contains(s))
+                .unwrap_or(502);
+            // The decode answer has not gone out (its headers wait for this),
+            // so the client gets the prefill's error; Envoy resets the decode.
+            send_error(self, status, &outcome.error_type, &outcome.message);
+            return;
+        }
+        let logprobs = (self.merge_logprobs && !outcome.input_token_logprobs.is_empty())
+            .then_some(outcome.input_token_logprobs);
+        let merging = logprobs.is_some();
+        self.prefill = Prefill::Done(logprobs);
+        if !self.response_paused {
+            return;
+        }
+        self.prepare_response_for_merge();
+        // Without a merge, or once what arrived so far could be merged, the
+        // answer goes on; else it stays held until the body callbacks can.
+        if !merging || (self.buffered > 0 && self.merge_buffered(self.buffered, self.body_ended)) {
+            self.response_paused = false;
+            self.resume_http_response();
+        }
+    }
+
+    /// Tries to merge the prefill's logprobs into the `size` bytes of answer
+    /// held so far. True when done (merged, or nothing to merge into): the
+    /// answer may go on.
+    fn merge_buffered(&mut self, size: usize, end_of_stream: bool) -> bool {
+        let Prefill::Done(Some(logprobs)) = &self.prefill else {
+            return true;
+        };
+        let logprobs = logprobs.clone();
+        let Some(held) = self.get_http_response_body(0, size) else {
+            warn!("cannot read the held answer to merge prefill logprobs");
+            self.prefill = Prefill::Over;
+            return true;
+        };
+        let merged = if self.response_is_sse {
+            match merge_first_sse_event(&held, &logprobs, end_of_stream) {
+                SseMerge::NeedMore => return false,
+                SseMerge::Done(out) => Some(out),
+            }
+        } else if end_of_stream {
+            merge_input_logprobs(&held, &logprobs)
+        } else {
+            return false;
+        };
+        if let Some(out) = merged {
+            self.set_http_response_body(0, size, &out);
+        }
+        self.prefill = Prefill::Over;
+        true
+    }
+
+    /// A merged body has another length.
+    fn prepare_response_for_merge(&mut self) {
+        if matches!(self.prefill, Prefill::Done(Some(_))) {
+            self.set_http_response_header("content-length", None);
+        }
     }
 
     /// Splices the decision's fields into the buffered body.
@@ -130,7 +299,32 @@ impl Request {
 }
 
 impl Context for Request {
-    fn on_grpc_call_response(&mut self, _token: u32, status_code: u32, size: usize) {
+    fn on_grpc_call_response(&mut self, token: u32, status_code: u32, size: usize) {
+        if self.prefill_call == Some(token) {
+            self.prefill_call = None;
+            let outcome = if status_code == 0 {
+                let bytes = self
+                    .get_grpc_call_response_body(0, size)
+                    .unwrap_or_default();
+                PrefillOutcome::decode(bytes.as_slice()).unwrap_or_else(|_| PrefillOutcome {
+                    http_status: 502,
+                    message: "the router's control plane sent an unreadable answer".into(),
+                    error_type: "bad_gateway".into(),
+                    ..Default::default()
+                })
+            } else {
+                PrefillOutcome {
+                    http_status: 503,
+                    message: format!(
+                        "the router's control plane did not report the prefill (grpc status {status_code})"
+                    ),
+                    error_type: "service_unavailable".into(),
+                    ..Default::default()
+                }
+            };
+            self.prefill_ended(outcome);
+            return;
+        }
         if status_code != 0 {
             warn!(
                 "control plane answered grpc status {status_code} for {}",
@@ -152,6 +346,25 @@ impl Context for Request {
             Ok(Some(route_response::Outcome::Rejection(r))) => {
                 let status = u16::try_from(r.http_status).unwrap_or(503);
                 send_error(self, status, &r.error_type, &r.message);
+            }
+            Ok(Some(route_response::Outcome::NeedBody(_))) => {
+                let already = self.send_body.replace(true);
+                let has_body = self.question.as_ref().is_some_and(|q| q.body_bytes > 0);
+                if already && self.question.as_ref().is_some_and(|q| !q.body.is_empty())
+                    || !has_body
+                {
+                    // Asked again although the body was sent (or there is none).
+                    send_error(
+                        self,
+                        502,
+                        "bad_gateway",
+                        "the router's control plane keeps asking for the body",
+                    );
+                    return;
+                }
+                if self.send_question() == Action::Continue {
+                    send_error(self, 500, "internal_error", "lost the routing question");
+                }
             }
             Ok(None) | Err(_) => send_error(
                 self,
@@ -233,12 +446,53 @@ impl HttpContext for Request {
 
     fn on_http_response_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
         self.response_done |= end_of_stream;
+        if matches!(self.prefill, Prefill::None) {
+            return Action::Continue;
+        }
+        let ok = self
+            .get_http_response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok())
+            .is_some_and(|s| (200..300).contains(&s));
+        self.response_is_sse = self
+            .get_http_response_header("content-type")
+            .is_some_and(|t| t.starts_with("text/event-stream"));
+        if !ok {
+            // The decode worker's own error goes to the client as it is
+            // (sglang-router does the same); the prefill no longer matters.
+            self.prefill = Prefill::Over;
+            return Action::Continue;
+        }
+        if matches!(self.prefill, Prefill::Pending) {
+            // Held until the prefill has succeeded: if it fails, the client
+            // gets its error instead of a decode stuck waiting for KV.
+            self.response_paused = true;
+            return Action::Pause;
+        }
+        self.prepare_response_for_merge();
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, _size: usize, end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         self.response_done |= end_of_stream;
-        Action::Continue
+        match self.prefill {
+            Prefill::Pending if self.response_paused => {
+                // Continuing the body now would let the held headers go too.
+                self.buffered = size;
+                self.body_ended = end_of_stream;
+                Action::Pause
+            }
+            Prefill::Done(Some(_)) => {
+                if self.merge_buffered(size, end_of_stream) {
+                    self.response_paused = false;
+                    Action::Continue
+                } else {
+                    self.buffered = size;
+                    self.body_ended = end_of_stream;
+                    Action::Pause
+                }
+            }
+            _ => Action::Continue,
+        }
     }
 
     fn on_log(&mut self) {

@@ -1,3 +1,4 @@
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -27,6 +28,8 @@ pub struct Root {
     tickets: TicketSource,
     /// The batch of the report in flight, to requeue if it fails.
     in_flight: Option<(u32, Vec<Completion>)>,
+    /// Learned from the control plane (PD mode): send it request bodies.
+    send_body: Rc<Cell<bool>>,
 }
 
 impl Default for Root {
@@ -36,6 +39,7 @@ impl Default for Root {
             queue: CompletionQueue::default(),
             tickets: TicketSource::new(),
             in_flight: None,
+            send_body: Rc::new(Cell::new(false)),
         }
     }
 }
@@ -99,6 +103,7 @@ impl RootContext for Root {
         Some(Box::new(Request::new(
             self.config.clone(),
             self.queue.clone(),
+            self.send_body.clone(),
             self.tickets.next(),
         )))
     }

@@ -9,7 +9,7 @@ mod process;
 mod stack;
 
 pub use process::{free_port, Proc};
-pub use stack::{venv_python, SimWorker, Stack, StackOptions};
+pub use stack::{venv_python, PdOptions, SimWorker, Stack, StackOptions, KV_TIMEOUT_MS};
 
 use std::time::Duration;
 

@@ -45,7 +45,40 @@ pub struct StackOptions {
     pub worker_args: Vec<String>,
     /// The filter's body limit.
     pub max_body_bytes: usize,
+    /// Prefill/decode disaggregation instead of `workers` regular workers.
+    pub pd: Option<PdOptions>,
 }
+
+/// A PD fleet of simulated workers.
+#[derive(Debug, Clone)]
+pub struct PdOptions {
+    /// Prefill workers, each serving KV on its own bootstrap port.
+    pub prefills: usize,
+    /// Decode workers.
+    pub decodes: usize,
+    /// Register prefills with `none` instead of their bootstrap port; the
+    /// decode workers then default to the first prefill's port.
+    pub bootstrap_none: bool,
+    /// Extra flags of the prefill workers.
+    pub prefill_args: Vec<String>,
+    /// Extra flags of the decode workers.
+    pub decode_args: Vec<String>,
+}
+
+impl Default for PdOptions {
+    fn default() -> Self {
+        PdOptions {
+            prefills: 1,
+            decodes: 1,
+            bootstrap_none: false,
+            prefill_args: Vec::new(),
+            decode_args: Vec::new(),
+        }
+    }
+}
+
+/// How long a simulated PD worker waits for its peer (KV handshake).
+pub const KV_TIMEOUT_MS: u64 = 3000;
 
 impl Default for StackOptions {
     fn default() -> Self {
@@ -61,6 +94,7 @@ impl Default for StackOptions {
                 "100".into(),
             ],
             max_body_bytes: 33_554_432,
+            pd: None,
         }
     }
 }
@@ -69,6 +103,8 @@ impl Default for StackOptions {
 pub struct SimWorker {
     /// `http://127.0.0.1:port`
     pub url: String,
+    /// PD prefill workers: the port serving the KV cache to decode workers.
+    pub bootstrap_port: Option<u16>,
     proc: Proc,
 }
 
@@ -86,6 +122,7 @@ impl SimWorker {
         )?;
         let w = SimWorker {
             url: format!("http://127.0.0.1:{port}"),
+            bootstrap_port: None,
             proc,
         };
         let health = format!("{}/health", w.url);
@@ -93,6 +130,38 @@ impl SimWorker {
             bail!("simulated worker {} did not become healthy", w.url);
         }
         Ok(w)
+    }
+
+    /// Starts a PD worker (`mode` prefill or decode) whose bootstrap port
+    /// (its own for prefill, the default it fetches from for decode) is
+    /// `bootstrap_port`.
+    pub async fn start_pd(
+        dir: &Path,
+        mode: &str,
+        bootstrap_port: u16,
+        args: &[String],
+    ) -> anyhow::Result<SimWorker> {
+        let mut all = vec![
+            "--disaggregation-mode".to_string(),
+            mode.to_string(),
+            "--disaggregation-bootstrap-port".into(),
+            bootstrap_port.to_string(),
+            "--disaggregation-timeout-ms".into(),
+            KV_TIMEOUT_MS.to_string(),
+        ];
+        all.extend_from_slice(args);
+        let mut w = SimWorker::start(dir, &all).await?;
+        if mode == "prefill" {
+            w.bootstrap_port = Some(bootstrap_port);
+        }
+        Ok(w)
+    }
+
+    /// The simulator's counters (`/_sim/stats`).
+    pub async fn stats(&self) -> Value {
+        get_json(&format!("{}/_sim/stats", self.url))
+            .await
+            .unwrap_or_default()
     }
 
     /// Requests the worker received (see the simulator's `/_sim/requests`).
@@ -130,6 +199,10 @@ impl SimWorker {
 pub struct Stack {
     /// The simulated workers, in registration order.
     pub workers: Vec<SimWorker>,
+    /// PD mode: the prefill workers.
+    pub prefills: Vec<SimWorker>,
+    /// PD mode: the decode workers.
+    pub decodes: Vec<SimWorker>,
     /// `http://127.0.0.1:port` of Envoy's client listener.
     pub base: String,
     /// `http://127.0.0.1:port` of the control plane's admin API.
@@ -156,8 +229,38 @@ impl Stack {
         std::fs::create_dir_all(&dir)?;
 
         let mut workers = Vec::new();
-        for _ in 0..opts.workers {
-            workers.push(SimWorker::start(&dir, &opts.worker_args).await?);
+        let (mut prefills, mut decodes) = (Vec::new(), Vec::new());
+        let mut pd_args = Vec::new();
+        if let Some(pd) = &opts.pd {
+            pd_args.push("--pd-disaggregation".to_string());
+            for _ in 0..pd.prefills {
+                let mut args = opts.worker_args.clone();
+                args.extend(pd.prefill_args.iter().cloned());
+                let w = SimWorker::start_pd(&dir, "prefill", free_port(), &args).await?;
+                pd_args.push("--prefill".into());
+                pd_args.push(w.url.clone());
+                pd_args.push(match (pd.bootstrap_none, w.bootstrap_port) {
+                    (false, Some(p)) => p.to_string(),
+                    _ => "none".into(),
+                });
+                prefills.push(w);
+            }
+            let default_port = match (pd.bootstrap_none, prefills.first()) {
+                (true, Some(p)) => p.bootstrap_port.unwrap_or_else(free_port),
+                _ => free_port(),
+            };
+            for _ in 0..pd.decodes {
+                let mut args = opts.worker_args.clone();
+                args.extend(pd.decode_args.iter().cloned());
+                let w = SimWorker::start_pd(&dir, "decode", default_port, &args).await?;
+                pd_args.push("--decode".into());
+                pd_args.push(w.url.clone());
+                decodes.push(w);
+            }
+        } else {
+            for _ in 0..opts.workers {
+                workers.push(SimWorker::start(&dir, &opts.worker_args).await?);
+            }
         }
 
         let (admin_port, grpc_port) = (free_port(), free_port());
@@ -177,6 +280,7 @@ impl Stack {
             args.push("--worker-urls".into());
             args.extend(workers.iter().map(|w| w.url.clone()));
         }
+        args.extend(pd_args);
         args.extend(opts.cp_args.iter().cloned());
         let cp = Proc::spawn(
             "control-plane",
@@ -224,6 +328,8 @@ impl Stack {
         )?;
         let stack = Stack {
             workers,
+            prefills,
+            decodes,
             base: format!("http://127.0.0.1:{port}"),
             admin,
             dir,
@@ -232,7 +338,7 @@ impl Stack {
         };
         // Ready when a request through Envoy reaches a worker (or, with no
         // workers, when the admin route answers).
-        let probe = if stack.workers.is_empty() {
+        let probe = if stack.workers.is_empty() && stack.decodes.is_empty() {
             stack.url("/health")
         } else {
             stack.url("/v1/models")
