@@ -8,11 +8,12 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use futures::future::join_all;
+use futures::future::{join_all, ready, try_join_all};
 use futures::stream::{self, StreamExt};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
+use crate::disagg::Handoff;
 use crate::error::ApiError;
 use crate::record::RecordId;
 use crate::request::{self, field, parse_object};
@@ -57,6 +58,7 @@ struct Generation {
     id: String,
     created: u64,
     model: String,
+    /// Tokens to generate here (see [`AppState::to_generate`]).
     max_new: usize,
     stream: bool,
     include_usage: bool,
@@ -80,14 +82,14 @@ impl Generation {
             },
             created: request::unix_secs(),
             model: request::model(body, &state.config.model_path),
-            max_new: request::max_tokens(
+            max_new: state.to_generate(request::max_tokens(
                 body,
                 &["max_completion_tokens", "max_tokens"],
                 state.config.default_max_tokens,
-            )?,
+            )?),
             stream: request::opt_bool(body, "stream")?.unwrap_or(false),
             include_usage,
-            rank: request::dp_rank(body)?,
+            rank: state.requested_rank(body)?,
         })
     }
 
@@ -124,10 +126,16 @@ pub async fn chat(
     let messages = field(&body, "messages").ok_or_else(|| ApiError::bad("messages is required"))?;
     let prompt = tokens::tokenize(&tokens::render_chat(messages)?);
     let g = Generation::parse(&body, &state, "chatcmpl-")?;
+    let handoff = state
+        .handoffs(&body, 1, false)?
+        .pop()
+        .unwrap_or(Handoff::Local);
     state.control.wait_unstalled().await;
 
     if !g.stream {
-        let p = state.prefill(record, g.rank, &prompt, g.max_new).await;
+        let p = state
+            .start_sequence(record, &handoff, g.rank, &g.id, &prompt, g.max_new)
+            .await?;
         let (prompt_tokens, cached) = (p.prompt_tokens, p.cached_tokens);
         p.decode(g.max_new).await;
         let answer = json!({
@@ -155,10 +163,16 @@ pub async fn chat(
     const CHUNK: &str = "chat.completion.chunk";
     let choice = |delta: Value, finish: Option<&str>| json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]);
     let events = stream::once(async move {
-        let p = state.prefill(record, g.rank, &prompt, g.max_new).await;
+        let p = state
+            .start_sequence(record, &handoff, g.rank, &g.id, &prompt, g.max_new)
+            .await;
         (p, g)
     })
     .flat_map(move |(p, g)| {
+        let p = match p {
+            Ok(p) => p,
+            Err(e) => return stream::once(ready(Err(e))).boxed(),
+        };
         let (prompt_tokens, cached) = (p.prompt_tokens, p.cached_tokens);
         // The role comes with the first output, as SGLang sends it.
         let head = sse::event(&g.chunk(
@@ -182,9 +196,11 @@ pub async fn chat(
         stream::once(async { head })
             .chain(tokens)
             .chain(stream::iter(tail))
+            .map(Ok)
+            .boxed()
     })
-    .chain(stream::once(async { sse::done() }));
-    Ok(sse::response(events, in_flight))
+    .chain(stream::once(async { Ok(sse::done()) }));
+    Ok(sse::response(sse::until_error(events), in_flight))
 }
 
 /// `POST /v1/completions`: `prompt` is a string, token ids, or a batch.
@@ -197,24 +213,28 @@ pub async fn completions(
     let record = record.map(|Extension(id)| id);
     let body = parse_object(&body)?;
     let prompt = field(&body, "prompt").ok_or_else(|| ApiError::bad("prompt is required"))?;
-    let (prompts, _batch) = request::prompts("prompt", prompt)?;
+    let (prompts, batch) = request::prompts("prompt", prompt)?;
     let prompts: Vec<Vec<Token>> = prompts.iter().map(tokens::Prompt::tokens).collect();
     let g = Generation::parse(&body, &state, "cmpl-")?;
+    let handoffs = state.handoffs(&body, prompts.len(), batch)?;
     state.control.wait_unstalled().await;
 
     const OBJECT: &str = "text_completion";
     if !g.stream {
-        let done = join_all(prompts.iter().map(|tokens| {
+        // The first failure ends the request (and withdraws the others).
+        let done = try_join_all(prompts.iter().zip(&handoffs).map(|(tokens, handoff)| {
             let state = &state;
-            let (max_new, rank) = (g.max_new, g.rank);
+            let g = &g;
             async move {
-                let p = state.prefill(record, rank, tokens, max_new).await;
+                let p = state
+                    .start_sequence(record, handoff, g.rank, &g.id, tokens, g.max_new)
+                    .await?;
                 let counts = (p.prompt_tokens, p.cached_tokens);
-                p.decode(max_new).await;
-                counts
+                p.decode(g.max_new).await;
+                Ok::<_, ApiError>(counts)
             }
         }))
-        .await;
+        .await?;
         let choices: Vec<Value> = (0..done.len())
             .map(|i| {
                 json!({
@@ -243,30 +263,46 @@ pub async fn completions(
     // Usage of all prompts, reported once every prompt has finished.
     let totals = Arc::new(Mutex::new((0usize, 0usize)));
     let choice = |index: usize, text: String, finish: Option<&str>| json!([{"index": index, "text": text, "logprobs": null, "finish_reason": finish}]);
-    let per_prompt = prompts.into_iter().enumerate().map(|(index, tokens)| {
-        let state = state.clone();
-        let g = Arc::clone(&g);
-        let totals = Arc::clone(&totals);
-        stream::once(async move {
-            let p = state.prefill(record, g.rank, &tokens, g.max_new).await;
-            {
-                let mut t = totals.lock();
-                t.0 += p.prompt_tokens;
-                t.1 += p.cached_tokens;
-            }
-            (p, g)
-        })
-        .flat_map(move |(p, g)| {
-            let last = sse::event(&g.chunk(OBJECT, choice(index, String::new(), Some("length"))));
-            let g2 = Arc::clone(&g);
-            p.decode_stream(g.max_new)
-                .map(move |i| {
-                    sse::event(&g2.chunk(OBJECT, choice(index, tokens::generated_token(i), None)))
+    let per_prompt =
+        prompts
+            .into_iter()
+            .zip(handoffs)
+            .enumerate()
+            .map(|(index, (tokens, handoff))| {
+                let state = state.clone();
+                let g = Arc::clone(&g);
+                let totals = Arc::clone(&totals);
+                stream::once(async move {
+                    let p = state
+                        .start_sequence(record, &handoff, g.rank, &g.id, &tokens, g.max_new)
+                        .await;
+                    if let Ok(p) = &p {
+                        let mut t = totals.lock();
+                        t.0 += p.prompt_tokens;
+                        t.1 += p.cached_tokens;
+                    }
+                    (p, g)
                 })
-                .chain(stream::once(async move { last }))
-        })
-        .boxed()
-    });
+                .flat_map(move |(p, g)| {
+                    let p = match p {
+                        Ok(p) => p,
+                        Err(e) => return stream::once(ready(Err(e))).boxed(),
+                    };
+                    let last =
+                        sse::event(&g.chunk(OBJECT, choice(index, String::new(), Some("length"))));
+                    let g2 = Arc::clone(&g);
+                    p.decode_stream(g.max_new)
+                        .map(move |i| {
+                            sse::event(
+                                &g2.chunk(OBJECT, choice(index, tokens::generated_token(i), None)),
+                            )
+                        })
+                        .chain(stream::once(async move { last }))
+                        .map(Ok)
+                        .boxed()
+                })
+                .boxed()
+            });
     // Collected so the closures above are done borrowing `g` and `totals`.
     let per_prompt: Vec<_> = per_prompt.collect();
     let usage_event = stream::once(async move {
@@ -279,11 +315,11 @@ pub async fn completions(
             usage(prompt_tokens, g.max_new * n_prompts, cached),
         )))
     })
-    .filter_map(|e| async move { e });
+    .filter_map(|e| async move { e.map(Ok) });
     let events = stream::select_all(per_prompt)
         .chain(usage_event)
-        .chain(stream::once(async { sse::done() }));
-    Ok(sse::response(events, in_flight))
+        .chain(stream::once(async { Ok(sse::done()) }));
+    Ok(sse::response(sse::until_error(events), in_flight))
 }
 
 /// A deterministic unit vector of [`EMBEDDING_DIM`] numbers for `tokens`.
@@ -320,7 +356,7 @@ pub async fn embeddings(
     let body = parse_object(&body)?;
     let input = field(&body, "input").ok_or_else(|| ApiError::bad("input is required"))?;
     let (prompts, _batch) = request::prompts("input", input)?;
-    let rank = request::dp_rank(&body)?;
+    let rank = request::dp_rank(&body, "data_parallel_rank")?;
     let model = request::model(&body, &state.config.model_path);
     state.control.wait_unstalled().await;
 
