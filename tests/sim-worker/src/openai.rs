@@ -2,6 +2,7 @@
 //! `/v1/completions` and `/v1/embeddings`, with the response and stream
 //! chunk shapes the official `openai` client parses.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -19,7 +20,7 @@ use crate::record::RecordId;
 use crate::request::{self, field, parse_object};
 use crate::sse;
 use crate::state::AppState;
-use crate::tokens::{self, generated_text, Token};
+use crate::tokens::{self, generated_text, generated_token, generated_token_id, logprob, Token};
 
 /// Context length reported by `/v1/models`.
 const MAX_MODEL_LEN: u64 = 32768;
@@ -53,6 +54,56 @@ fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -
     })
 }
 
+/// The logprob of generated token `i` of a sequence with `prompt_tokens`
+/// prompt tokens: the same number `/generate` reports for it.
+fn token_logprob(prompt_tokens: usize, i: usize) -> f64 {
+    logprob(generated_token_id(i), prompt_tokens + i)
+}
+
+/// A chat choice's `logprobs` for generated tokens `range`, or `null` when
+/// not asked.
+fn chat_logprobs(asked: bool, prompt_tokens: usize, range: Range<usize>) -> Value {
+    if !asked {
+        return Value::Null;
+    }
+    let content: Vec<Value> = range
+        .map(|i| {
+            let token = generated_token(i);
+            json!({
+                "token": token,
+                "logprob": token_logprob(prompt_tokens, i),
+                "bytes": token.as_bytes(),
+                "top_logprobs": [],
+            })
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// A completion choice's `logprobs` for generated tokens `range`, or `null`
+/// when not asked.
+fn completion_logprobs(asked: bool, prompt_tokens: usize, range: Range<usize>) -> Value {
+    if !asked {
+        return Value::Null;
+    }
+    let mut offset = generated_text(range.start).len();
+    let (mut tokens, mut logprobs, mut offsets) = (vec![], vec![], vec![]);
+    for i in range {
+        let token = generated_token(i);
+        offsets.push(offset);
+        offset += token.len();
+        logprobs.push(token_logprob(prompt_tokens, i));
+        tokens.push(token);
+    }
+    let top: Vec<Value> = tokens.iter().map(|_| json!({})).collect();
+    json!({
+        "tokens": tokens,
+        "token_logprobs": logprobs,
+        "top_logprobs": top,
+        "text_offset": offsets,
+    })
+}
+
 /// What chat and completions requests share once parsed.
 struct Generation {
     id: String,
@@ -62,6 +113,8 @@ struct Generation {
     max_new: usize,
     stream: bool,
     include_usage: bool,
+    /// `logprobs` asked (chat: `true`; completions: a number).
+    logprobs: bool,
     rank: Option<i64>,
 }
 
@@ -89,6 +142,16 @@ impl Generation {
             )?),
             stream: request::opt_bool(body, "stream")?.unwrap_or(false),
             include_usage,
+            logprobs: match field(body, "logprobs") {
+                None => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) if v.is_u64() => true,
+                Some(_) => {
+                    return Err(ApiError::bad(
+                        "logprobs must be a boolean (chat) or a non-negative integer (completions)",
+                    ))
+                }
+            },
             rank: state.requested_rank(body)?,
         })
     }
@@ -151,7 +214,7 @@ pub async fn chat(
                     "reasoning_content": null,
                     "tool_calls": null,
                 },
-                "logprobs": null,
+                "logprobs": chat_logprobs(g.logprobs, prompt_tokens, 0..g.max_new),
                 "finish_reason": "length",
                 "matched_stop": null,
             }],
@@ -161,7 +224,7 @@ pub async fn chat(
     }
 
     const CHUNK: &str = "chat.completion.chunk";
-    let choice = |delta: Value, finish: Option<&str>| json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]);
+    let choice = |delta: Value, logprobs: Value, finish: Option<&str>| json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]);
     let events = stream::once(async move {
         let p = state
             .start_sequence(record, &handoff, g.rank, &g.id, &prompt, g.max_new)
@@ -177,10 +240,14 @@ pub async fn chat(
         // The role comes with the first output, as SGLang sends it.
         let head = sse::event(&g.chunk(
             CHUNK,
-            choice(json!({"role": "assistant", "content": ""}), None),
+            choice(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+                None,
+            ),
         ));
         let mut tail = vec![sse::event(
-            &g.chunk(CHUNK, choice(json!({}), Some("length"))),
+            &g.chunk(CHUNK, choice(json!({}), Value::Null, Some("length"))),
         )];
         if g.include_usage {
             tail.push(sse::event(
@@ -190,7 +257,11 @@ pub async fn chat(
         let tokens = p.decode_stream(g.max_new).map(move |i| {
             sse::event(&g.chunk(
                 CHUNK,
-                choice(json!({"content": tokens::generated_token(i)}), None),
+                choice(
+                    json!({"content": generated_token(i)}),
+                    chat_logprobs(g.logprobs, prompt_tokens, i..i + 1),
+                    None,
+                ),
             ))
         });
         stream::once(async { head })
@@ -235,12 +306,14 @@ pub async fn completions(
             }
         }))
         .await?;
-        let choices: Vec<Value> = (0..done.len())
-            .map(|i| {
+        let choices: Vec<Value> = done
+            .iter()
+            .enumerate()
+            .map(|(i, &(prompt_tokens, _))| {
                 json!({
                     "index": i,
                     "text": generated_text(g.max_new),
-                    "logprobs": null,
+                    "logprobs": completion_logprobs(g.logprobs, prompt_tokens, 0..g.max_new),
                     "finish_reason": "length",
                     "matched_stop": null,
                 })
@@ -262,7 +335,7 @@ pub async fn completions(
     let n_prompts = prompts.len();
     // Usage of all prompts, reported once every prompt has finished.
     let totals = Arc::new(Mutex::new((0usize, 0usize)));
-    let choice = |index: usize, text: String, finish: Option<&str>| json!([{"index": index, "text": text, "logprobs": null, "finish_reason": finish}]);
+    let choice = |index: usize, text: String, logprobs: Value, finish: Option<&str>| json!([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]);
     let per_prompt =
         prompts
             .into_iter()
@@ -288,13 +361,21 @@ pub async fn completions(
                         Ok(p) => p,
                         Err(e) => return stream::once(ready(Err(e))).boxed(),
                     };
-                    let last =
-                        sse::event(&g.chunk(OBJECT, choice(index, String::new(), Some("length"))));
+                    let last = sse::event(&g.chunk(
+                        OBJECT,
+                        choice(index, String::new(), Value::Null, Some("length")),
+                    ));
                     let g2 = Arc::clone(&g);
+                    let prompt_tokens = p.prompt_tokens;
                     p.decode_stream(g.max_new)
                         .map(move |i| {
+                            let logprobs =
+                                completion_logprobs(g2.logprobs, prompt_tokens, i..i + 1);
                             sse::event(
-                                &g2.chunk(OBJECT, choice(index, tokens::generated_token(i), None)),
+                                &g2.chunk(
+                                    OBJECT,
+                                    choice(index, generated_token(i), logprobs, None),
+                                ),
                             )
                         })
                         .chain(stream::once(async move { last }))

@@ -592,6 +592,64 @@ async fn logprobs_prompt_on_prefill_output_on_decode() {
     );
 }
 
+#[tokio::test]
+async fn openai_logprobs_cover_generated_tokens() {
+    let p = pd(5000, 1).await;
+    let mut body = chat_body(3);
+    body["logprobs"] = json!(true);
+    let (pre, dec) = p.pair("/v1/chat/completions", &body, 131).await;
+    let content = |v: &Value| {
+        v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(content(&pre).len(), 1);
+    let dec_lp = content(&dec);
+    assert_eq!(dec_lp.len(), 3);
+    assert_eq!(dec_lp[2]["token"], " tok2");
+    assert_eq!(dec_lp[2]["bytes"], json!(" tok2".as_bytes()));
+    // The prefill's first token is the decode's first token.
+    assert_eq!(content(&pre)[0], dec_lp[0]);
+    let (pre, _) = p.pair("/v1/chat/completions", &chat_body(1), 132).await;
+    assert!(pre["choices"][0]["logprobs"].is_null());
+
+    // Completions, streamed: one logprob per token chunk, the same numbers
+    // /generate reports for the same prompt.
+    let sim = start(fast()).await;
+    let (_, gen) = sim
+        .post(
+            "/generate",
+            json!({"text": "abcdefgh", "return_logprob": true, "sampling_params": {"max_new_tokens": 2}}),
+        )
+        .await;
+    let expected: Vec<Value> = gen["meta_info"]["output_token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e[0].clone())
+        .collect();
+    let body = json!({"prompt": "abcdefgh", "max_tokens": 2, "logprobs": 0});
+    let (_, v) = sim.post("/v1/completions", body.clone()).await;
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"], json!([" tok0", " tok1"]));
+    assert_eq!(lp["text_offset"], json!([0, 5]));
+    assert_eq!(lp["token_logprobs"], json!(expected));
+    let mut body = body;
+    body["stream"] = json!(true);
+    let r = sim.post_raw("/v1/completions", &body.to_string()).await;
+    let streamed: Vec<Value> = sse_events(&r.text().await.unwrap())
+        .iter()
+        .filter_map(|e| {
+            e["choices"][0]["logprobs"]["token_logprobs"]
+                .as_array()
+                .cloned()
+        })
+        .flatten()
+        .collect();
+    assert_eq!(streamed, expected);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_hanging_up_leave_nothing_behind() {
     let p = pd(5000, 1).await;
