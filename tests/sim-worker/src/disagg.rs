@@ -146,14 +146,11 @@ pub fn handoffs(
                     .filter(|&p| p != 0)
                     .ok_or_else(|| ApiError::bad("bootstrap_port must be null or a port number"))?,
             };
+            // A prefill only checks that the router sent its host and port:
+            // they name where it already listens.
             Ok(match mode {
-                DisaggregationMode::Prefill => {
-                    // The prefill's own host and port are where it listens;
-                    // it only checks that the router sent them.
-                    let _ = (host, port);
-                    Handoff::Publish { room }
-                }
-                _ => Handoff::Fetch { room, host, port },
+                DisaggregationMode::Decode => Handoff::Fetch { room, host, port },
+                _ => Handoff::Publish { room },
             })
         })
         .collect()
