@@ -137,5 +137,5 @@ pub async fn clear_requests(State(state): State<AppState>) -> Json<Value> {
 
 /// `GET /_sim/stats`
 pub async fn stats(State(state): State<AppState>) -> Json<Value> {
-    Json(state.stats.to_json())
+    Json(state.stats.to_json(state.rooms.open()))
 }

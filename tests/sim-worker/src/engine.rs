@@ -107,6 +107,19 @@ impl Engine {
             .collect()
     }
 
+    /// Admits a sequence of `prompt_tokens` whose KV is computed elsewhere
+    /// on `rank`: it waits (counted as queued) until [`Admitted::start`].
+    pub fn admit(&self, rank: usize, prompt_tokens: usize, max_new: usize) -> Admitted {
+        let rank_index = rank % self.ranks.len();
+        let rank = Arc::clone(&self.ranks[rank_index]);
+        Admitted {
+            rank: rank_index,
+            prompt_tokens,
+            seq: SeqGuard::queued(rank, (prompt_tokens + max_new) as u64),
+            control: Arc::clone(&self.control),
+        }
+    }
+
     /// Queues a sequence of `tokens` on `rank`, waits for a prefill slot,
     /// and spends the prefill time of its uncached tokens. `max_new` is only
     /// counted in the load. The returned value keeps the sequence counted as
@@ -134,6 +147,36 @@ impl Engine {
             cached_tokens: cached,
             _seq: seq,
             control: Arc::clone(&self.control),
+        }
+    }
+}
+
+/// A sequence admitted without a prefill (a decode worker's, whose KV comes
+/// from a prefill worker): counted as waiting on its rank until started.
+#[derive(Debug)]
+pub struct Admitted {
+    rank: usize,
+    prompt_tokens: usize,
+    seq: SeqGuard,
+    control: Arc<Control>,
+}
+
+impl Admitted {
+    /// Its rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The KV has arrived: the sequence runs, with nothing to prefill and
+    /// nothing from this rank's prefix cache.
+    pub fn start(mut self) -> Prefilled {
+        self.seq.start();
+        Prefilled {
+            rank: self.rank,
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: 0,
+            _seq: self.seq,
+            control: self.control,
         }
     }
 }
@@ -254,6 +297,24 @@ mod tests {
         drop(p);
         let tokens: Vec<usize> = q.decode_stream(3).collect().await;
         assert_eq!(tokens, vec![0, 1, 2]);
+        assert_eq!(e.loads()[0].num_reqs, 0);
+        assert_eq!(e.loads()[0].num_tokens, 0);
+    }
+
+    #[tokio::test]
+    async fn admitted_sequences_wait_then_run_uncached() {
+        let e = engine(2);
+        let a = e.admit(1, 4, 2);
+        assert_eq!(a.rank(), 1);
+        assert_eq!(e.loads()[1].num_waiting_reqs, 1);
+        assert_eq!(e.loads()[1].num_tokens, 6);
+        let p = a.start();
+        assert_eq!((p.rank, p.prompt_tokens, p.cached_tokens), (1, 4, 0));
+        assert_eq!(e.loads()[1].num_waiting_reqs, 0);
+        assert_eq!(e.loads()[1].num_reqs, 1);
+        drop(p);
+        assert_eq!(e.loads()[1].num_reqs, 0);
+        drop(e.admit(0, 4, 2));
         assert_eq!(e.loads()[0].num_reqs, 0);
         assert_eq!(e.loads()[0].num_tokens, 0);
     }

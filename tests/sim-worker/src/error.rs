@@ -4,7 +4,7 @@
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// An error answered to the client.
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +21,10 @@ pub enum ApiError {
     /// A failure injected through `/_sim/config` `fail_status`.
     #[error("simulated failure: the worker is configured to answer {0}")]
     Injected(StatusCode),
+    /// The KV cache of a disaggregated request could not be handed over
+    /// (SGLang aborts such requests with a 500).
+    #[error("KV transfer failed: {0}")]
+    KvTransfer(String),
 }
 
 impl ApiError {
@@ -36,7 +40,21 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Injected(status) => *status,
+            ApiError::KvTransfer(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
+    }
+
+    /// The JSON error object: `{"object":"error","message":..,"type":..,
+    /// "param":null,"code":..}`.
+    pub fn body(&self) -> Value {
+        let status = self.status();
+        json!({
+            "object": "error",
+            "message": self.to_string(),
+            "type": error_type(status),
+            "param": null,
+            "code": status.as_u16(),
+        })
     }
 }
 
@@ -59,15 +77,7 @@ fn error_type(status: StatusCode) -> &'static str {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let body = json!({
-            "object": "error",
-            "message": self.to_string(),
-            "type": error_type(status),
-            "param": null,
-            "code": status.as_u16(),
-        });
-        (status, Json(body)).into_response()
+        (self.status(), Json(self.body())).into_response()
     }
 }
 

@@ -5,8 +5,10 @@
 //! tests. Used as the worker of the end-to-end tests, the benchmarks and the
 //! quick-start demo.
 
+mod bootstrap;
 mod cache;
 mod control;
+mod disagg;
 mod engine;
 mod error;
 mod native;
@@ -22,8 +24,11 @@ use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
+use std::future::IntoFuture;
+
 use tokio::net::TcpListener;
 
+pub use disagg::{DisaggregationMode, UnknownMode};
 pub use state::{AppState, SimConfig};
 
 /// The worker's routes over `state`.
@@ -61,10 +66,50 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Binds the bootstrap server's listener of a prefill worker: on
+/// `config.host`, port `config.disaggregation_bootstrap_port` (0 picks a free
+/// one). `None` for other modes, which have no bootstrap server.
+pub async fn bind_bootstrap(config: &SimConfig) -> std::io::Result<Option<TcpListener>> {
+    if config.disaggregation_mode != DisaggregationMode::Prefill {
+        return Ok(None);
+    }
+    let addr = (config.host.as_str(), config.disaggregation_bootstrap_port);
+    TcpListener::bind(addr).await.map(Some)
+}
+
 /// Serves a worker configured by `config` on `listener` until the process
-/// ends. The reported port is the listener's real one (so port 0 works).
-pub async fn serve(mut config: SimConfig, listener: TcpListener) -> std::io::Result<()> {
+/// ends; a prefill worker also binds its bootstrap server (see
+/// [`bind_bootstrap`]). The reported ports are the real ones (so port 0
+/// works): tests learn the bootstrap port from `/get_server_info`'s
+/// `disaggregation_bootstrap_port`.
+pub async fn serve(config: SimConfig, listener: TcpListener) -> std::io::Result<()> {
+    let bootstrap = bind_bootstrap(&config).await?;
+    serve_with_bootstrap(config, listener, bootstrap).await
+}
+
+/// [`serve`] with the bootstrap listener already bound (by
+/// [`bind_bootstrap`]).
+pub async fn serve_with_bootstrap(
+    mut config: SimConfig,
+    listener: TcpListener,
+    bootstrap: Option<TcpListener>,
+) -> std::io::Result<()> {
     config.port = listener.local_addr()?.port();
+    if let Some(b) = &bootstrap {
+        config.disaggregation_bootstrap_port = b.local_addr()?.port();
+    }
     tracing::info!(?config, "simulated SGLang worker starting");
-    axum::serve(listener, router(AppState::new(config))).await
+    let state = AppState::new(config);
+    let main = axum::serve(listener, router(state.clone()));
+    match bootstrap {
+        None => main.await,
+        Some(b) => {
+            let bootstrap = axum::serve(b, bootstrap::router(state));
+            // Either server failing ends the worker.
+            tokio::select! {
+                r = main.into_future() => r,
+                r = bootstrap.into_future() => r,
+            }
+        }
+    }
 }

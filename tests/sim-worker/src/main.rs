@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use sglang_sim_worker::{serve, SimConfig};
+use sglang_sim_worker::{bind_bootstrap, serve_with_bootstrap, DisaggregationMode, SimConfig};
 use tracing_subscriber::EnvFilter;
 
 /// A simulated SGLang server (GPU inference worker) for tests, benchmarks
@@ -37,6 +37,20 @@ struct Cli {
     /// Tokens generated when a request does not say.
     #[arg(long, default_value_t = 16)]
     default_max_tokens: usize,
+    /// PD disaggregation role: `null` (prefill and decode here), `prefill`
+    /// (also serves a bootstrap server, answers after a decode worker fetched
+    /// the KV) or `decode` (fetches the KV from the request's
+    /// `bootstrap_host:bootstrap_port`).
+    #[arg(long, default_value = "null")]
+    disaggregation_mode: DisaggregationMode,
+    /// Prefill: port of the bootstrap server (0 picks a free one). Decode:
+    /// the port used when a request's `bootstrap_port` is null.
+    #[arg(long, default_value_t = 8998)]
+    disaggregation_bootstrap_port: u16,
+    /// How long a prefill waits for a decode to fetch its KV, and a decode
+    /// for the KV to be published, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    disaggregation_timeout_ms: u64,
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `debug`.
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -55,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
     let port = listener.local_addr()?.port();
     println!("sglang-sim-worker listening on http://{}:{port}", cli.host);
 
-    let config = SimConfig {
+    let mut config = SimConfig {
         host: cli.host,
         port,
         model_path: cli.model_path,
@@ -65,6 +79,24 @@ async fn main() -> anyhow::Result<()> {
         max_running_prefills: cli.max_running_prefills,
         cache_tokens: cli.cache_tokens,
         default_max_tokens: cli.default_max_tokens,
+        disaggregation_mode: cli.disaggregation_mode,
+        disaggregation_bootstrap_port: cli.disaggregation_bootstrap_port,
+        disaggregation_timeout_ms: cli.disaggregation_timeout_ms,
     };
-    serve(config, listener).await.context("server failed")
+    let bootstrap = bind_bootstrap(&config).await.with_context(|| {
+        format!(
+            "cannot listen on {}:{} (bootstrap)",
+            config.host, config.disaggregation_bootstrap_port
+        )
+    })?;
+    if let Some(b) = &bootstrap {
+        config.disaggregation_bootstrap_port = b.local_addr()?.port();
+        println!(
+            "sglang-sim-worker bootstrap listening on http://{}:{}",
+            config.host, config.disaggregation_bootstrap_port
+        );
+    }
+    serve_with_bootstrap(config, listener, bootstrap)
+        .await
+        .context("server failed")
 }

@@ -8,17 +8,20 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use futures::future::join_all;
+use futures::future::{join_all, ready, try_join_all};
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
+use crate::disagg::{DisaggregationMode, Handoff};
 use crate::engine::RankLoad;
 use crate::error::ApiError;
 use crate::record::RecordId;
 use crate::request::{self, field, parse_object, per_item};
 use crate::sse;
 use crate::state::AppState;
-use crate::tokens::{generated_text, generated_token, tokenize, Token};
+use crate::tokens::{
+    generated_text, generated_token, generated_token_id, logprob, token_id, tokenize, Token,
+};
 
 /// Version reported by the info endpoints.
 pub const VERSION: &str = "0.0.0-sim";
@@ -45,7 +48,9 @@ pub async fn server_info(State(state): State<AppState>) -> Json<Value> {
         "port": c.port,
         "host": c.host,
         "version": VERSION,
-        "disaggregation_mode": "null",
+        "disaggregation_mode": c.disaggregation_mode.as_str(),
+        "disaggregation_bootstrap_port": c.disaggregation_bootstrap_port,
+        "disaggregation_timeout_ms": c.disaggregation_timeout_ms,
         "max_total_num_tokens": c.cache_tokens,
         "max_running_prefills": c.max_running_prefills,
         "prefill_us_per_token": switches.prefill_us_per_token,
@@ -71,46 +76,81 @@ pub async fn load(State(state): State<AppState>) -> Json<Vec<RankLoad>> {
 /// One sequence of a `/generate` request.
 struct GenItem {
     tokens: Vec<Token>,
-    rid: String,
+    handoff: Handoff,
+    /// Tokens to generate here (see [`AppState::to_generate`]).
     max_new: usize,
+    report: GenReport,
 }
 
-/// The `/generate` answer object for a sequence after `done` tokens.
-#[allow(clippy::too_many_arguments)]
-fn generate_object(
-    rid: &str,
-    text: &str,
+/// What a `/generate` answer object reports about one sequence.
+#[derive(Clone)]
+struct GenReport {
+    rid: String,
+    started: Instant,
+    /// Position in a batch answer.
+    index: Option<usize>,
+    /// `meta_info.input_token_logprobs` when `return_logprob` was asked.
+    input_logprobs: Option<Value>,
     prompt_tokens: usize,
     cached_tokens: usize,
-    done: usize,
-    finished: bool,
-    started: Instant,
-    index: Option<usize>,
-) -> Value {
-    let finish_reason = if finished {
-        json!({"type": "length", "length": done})
-    } else {
-        Value::Null
-    };
-    let mut v = json!({
-        "text": text,
-        "meta_info": {
-            "id": rid,
+}
+
+/// `[logprob, token_id, null]`, SGLang's logprob entry (no token text).
+fn logprob_entry(logprob: Option<f64>, id: i64) -> Value {
+    json!([logprob, id, null])
+}
+
+/// `meta_info.input_token_logprobs` of a prompt: one entry per prompt token,
+/// the first without a logprob (nothing precedes it), as SGLang reports.
+fn input_logprobs(tokens: &[Token]) -> Value {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(pos, &t)| {
+            let id = token_id(t);
+            logprob_entry((pos > 0).then(|| logprob(id, pos)), id)
+        })
+        .collect()
+}
+
+impl GenReport {
+    /// The answer object after `done` generated tokens.
+    fn object(&self, text: &str, done: usize, finished: bool) -> Value {
+        let finish_reason = if finished {
+            json!({"type": "length", "length": done})
+        } else {
+            Value::Null
+        };
+        let mut meta = json!({
+            "id": self.rid,
             "finish_reason": finish_reason,
-            "prompt_tokens": prompt_tokens,
+            "prompt_tokens": self.prompt_tokens,
             "completion_tokens": done,
-            "cached_tokens": cached_tokens,
-            "e2e_latency": started.elapsed().as_secs_f64(),
-        },
-    });
-    if let (Some(i), Some(obj)) = (index, v.as_object_mut()) {
-        obj.insert("index".into(), json!(i));
+            "cached_tokens": self.cached_tokens,
+            "e2e_latency": self.started.elapsed().as_secs_f64(),
+        });
+        if let (Some(input), Some(m)) = (&self.input_logprobs, meta.as_object_mut()) {
+            let output: Vec<Value> = (0..done)
+                .map(|i| {
+                    let id = generated_token_id(i);
+                    logprob_entry(Some(logprob(id, self.prompt_tokens + i)), id)
+                })
+                .collect();
+            m.insert("input_token_logprobs".into(), input.clone());
+            m.insert("output_token_logprobs".into(), Value::Array(output));
+        }
+        let mut v = json!({"text": text, "meta_info": meta});
+        if let (Some(i), Some(obj)) = (self.index, v.as_object_mut()) {
+            obj.insert("index".into(), json!(i));
+        }
+        v
     }
-    v
 }
 
 /// `POST /generate`: `text` or `input_ids` (single or batch),
-/// `sampling_params.max_new_tokens`, `stream`, `rid`, `data_parallel_rank`.
+/// `sampling_params.max_new_tokens`, `stream`, `rid`, `return_logprob`,
+/// `data_parallel_rank`, and in PD mode the bootstrap fields (see
+/// [`crate::disagg`]).
 pub async fn generate(
     State(state): State<AppState>,
     record: Option<Extension<RecordId>>,
@@ -128,9 +168,11 @@ pub async fn generate(
         return Err(ApiError::bad("either text or input_ids is required"));
     };
     let stream = request::opt_bool(&body, "stream")?.unwrap_or(false);
-    let rank = request::dp_rank(&body)?;
+    let rank = state.requested_rank(&body)?;
+    let handoffs = state.handoffs(&body, prompts.len(), batch)?;
+    let decode_side = state.config.disaggregation_mode == DisaggregationMode::Decode;
     let mut items = Vec::with_capacity(prompts.len());
-    for (i, prompt) in prompts.iter().enumerate() {
+    for ((i, prompt), handoff) in prompts.iter().enumerate().zip(handoffs) {
         let rid = match per_item(body.get("rid"), i) {
             None => request::random_id(),
             Some(Value::String(s)) => s.clone(),
@@ -143,36 +185,63 @@ pub async fn generate(
             }
             Some(_) => return Err(ApiError::bad("sampling_params must be an object")),
         };
+        let return_logprob = match per_item(body.get("return_logprob"), i) {
+            None => false,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                ApiError::bad("return_logprob must be a boolean or a list of booleans")
+            })?,
+        };
+        let tokens = prompt.tokens();
+        // A decode worker has no prompt logprobs: the prefill worker
+        // reports them and a router merges the two.
+        let input_logprobs = return_logprob.then(|| {
+            if decode_side {
+                json!([])
+            } else {
+                input_logprobs(&tokens)
+            }
+        });
         items.push(GenItem {
-            tokens: prompt.tokens(),
-            rid,
-            max_new,
+            handoff,
+            max_new: state.to_generate(max_new),
+            report: GenReport {
+                rid,
+                started,
+                index: batch.then_some(i),
+                input_logprobs,
+                prompt_tokens: 0,
+                cached_tokens: 0,
+            },
+            tokens,
         });
     }
     state.control.wait_unstalled().await;
 
     if !stream {
-        let outs = join_all(items.iter().enumerate().map(|(i, it)| {
+        // The first failure ends the request (and withdraws the others).
+        let outs = try_join_all(items.iter().map(|it| {
             let state = &state;
             async move {
-                let p = state.prefill(record, rank, &it.tokens, it.max_new).await;
-                let (prompt_tokens, cached) = (p.prompt_tokens, p.cached_tokens);
+                let p = state
+                    .start_sequence(
+                        record,
+                        &it.handoff,
+                        rank,
+                        &it.report.rid,
+                        &it.tokens,
+                        it.max_new,
+                    )
+                    .await?;
+                let report = GenReport {
+                    prompt_tokens: p.prompt_tokens,
+                    cached_tokens: p.cached_tokens,
+                    ..it.report.clone()
+                };
                 p.decode(it.max_new).await;
-                let index = batch.then_some(i);
-                let text = generated_text(it.max_new);
-                generate_object(
-                    &it.rid,
-                    &text,
-                    prompt_tokens,
-                    cached,
-                    it.max_new,
-                    true,
-                    started,
-                    index,
-                )
+                Ok::<_, ApiError>(report.object(&generated_text(it.max_new), it.max_new, true))
             }
         }))
-        .await;
+        .await?;
         drop(in_flight);
         let answer = if batch {
             Value::Array(outs)
@@ -182,43 +251,46 @@ pub async fn generate(
         return Ok(Json(answer).into_response());
     }
 
-    let streams = items.into_iter().enumerate().map(|(i, it)| {
+    let streams = items.into_iter().map(|it| {
         let state = state.clone();
-        let index = batch.then_some(i);
         stream::once(async move {
-            let p = state.prefill(record, rank, &it.tokens, it.max_new).await;
+            let p = state
+                .start_sequence(
+                    record,
+                    &it.handoff,
+                    rank,
+                    &it.report.rid,
+                    &it.tokens,
+                    it.max_new,
+                )
+                .await;
             (p, it)
         })
         .flat_map(move |(p, it)| {
-            let (prompt_tokens, cached) = (p.prompt_tokens, p.cached_tokens);
-            let n = it.max_new;
-            let rid = it.rid;
-            let mut text = String::new();
-            let object = move |text: &str, done: usize| {
-                sse::event(&generate_object(
-                    &rid,
-                    text,
-                    prompt_tokens,
-                    cached,
-                    done,
-                    done == n,
-                    started,
-                    index,
-                ))
+            let p = match p {
+                Ok(p) => p,
+                Err(e) => return stream::once(ready(Err(e))).boxed(),
             };
-            let nothing_to_generate = (n == 0).then(|| object("", 0));
-            let object_for_tokens = object.clone();
+            let report = GenReport {
+                prompt_tokens: p.prompt_tokens,
+                cached_tokens: p.cached_tokens,
+                ..it.report
+            };
+            let n = it.max_new;
+            let mut text = String::new();
+            let nothing_to_generate = (n == 0).then(|| Ok(sse::event(&report.object("", 0, true))));
             p.decode_stream(n)
                 .map(move |i| {
                     text.push_str(&generated_token(i));
-                    object_for_tokens(&text, i + 1)
+                    Ok(sse::event(&report.object(&text, i + 1, i + 1 == n)))
                 })
                 .chain(stream::iter(nothing_to_generate))
+                .boxed()
         })
     });
     let events = stream::select_all(streams.map(StreamExt::boxed))
-        .chain(stream::once(async { sse::done() }));
-    Ok(sse::response(events, in_flight))
+        .chain(stream::once(async { Ok(sse::done()) }));
+    Ok(sse::response(sse::until_error(events), in_flight))
 }
 
 /// Deterministic relevance of `doc` to `query`: the share of query words
@@ -265,7 +337,7 @@ pub async fn rerank(
         .map(|d| d.as_str().map(str::to_string))
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| ApiError::bad("documents must be a list of strings"))?;
-    let rank = request::dp_rank(&body)?;
+    let rank = request::dp_rank(&body, "data_parallel_rank")?;
     state.control.wait_unstalled().await;
 
     let query_tokens = tokenize(&query);

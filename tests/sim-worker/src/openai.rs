@@ -2,23 +2,25 @@
 //! `/v1/completions` and `/v1/embeddings`, with the response and stream
 //! chunk shapes the official `openai` client parses.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use futures::future::join_all;
+use futures::future::{join_all, ready, try_join_all};
 use futures::stream::{self, StreamExt};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
+use crate::disagg::Handoff;
 use crate::error::ApiError;
 use crate::record::RecordId;
 use crate::request::{self, field, parse_object};
 use crate::sse;
 use crate::state::AppState;
-use crate::tokens::{self, generated_text, Token};
+use crate::tokens::{self, generated_text, generated_token, generated_token_id, logprob, Token};
 
 /// Context length reported by `/v1/models`.
 const MAX_MODEL_LEN: u64 = 32768;
@@ -52,14 +54,67 @@ fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -
     })
 }
 
+/// The logprob of generated token `i` of a sequence with `prompt_tokens`
+/// prompt tokens: the same number `/generate` reports for it.
+fn token_logprob(prompt_tokens: usize, i: usize) -> f64 {
+    logprob(generated_token_id(i), prompt_tokens + i)
+}
+
+/// A chat choice's `logprobs` for generated tokens `range`, or `null` when
+/// not asked.
+fn chat_logprobs(asked: bool, prompt_tokens: usize, range: Range<usize>) -> Value {
+    if !asked {
+        return Value::Null;
+    }
+    let content: Vec<Value> = range
+        .map(|i| {
+            let token = generated_token(i);
+            json!({
+                "token": token,
+                "logprob": token_logprob(prompt_tokens, i),
+                "bytes": token.as_bytes(),
+                "top_logprobs": [],
+            })
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// A completion choice's `logprobs` for generated tokens `range`, or `null`
+/// when not asked.
+fn completion_logprobs(asked: bool, prompt_tokens: usize, range: Range<usize>) -> Value {
+    if !asked {
+        return Value::Null;
+    }
+    let mut offset = generated_text(range.start).len();
+    let (mut tokens, mut logprobs, mut offsets) = (vec![], vec![], vec![]);
+    for i in range {
+        let token = generated_token(i);
+        offsets.push(offset);
+        offset += token.len();
+        logprobs.push(token_logprob(prompt_tokens, i));
+        tokens.push(token);
+    }
+    let top: Vec<Value> = tokens.iter().map(|_| json!({})).collect();
+    json!({
+        "tokens": tokens,
+        "token_logprobs": logprobs,
+        "top_logprobs": top,
+        "text_offset": offsets,
+    })
+}
+
 /// What chat and completions requests share once parsed.
 struct Generation {
     id: String,
     created: u64,
     model: String,
+    /// Tokens to generate here (see [`AppState::to_generate`]).
     max_new: usize,
     stream: bool,
     include_usage: bool,
+    /// `logprobs` asked (chat: `true`; completions: a number).
+    logprobs: bool,
     rank: Option<i64>,
 }
 
@@ -80,14 +135,24 @@ impl Generation {
             },
             created: request::unix_secs(),
             model: request::model(body, &state.config.model_path),
-            max_new: request::max_tokens(
+            max_new: state.to_generate(request::max_tokens(
                 body,
                 &["max_completion_tokens", "max_tokens"],
                 state.config.default_max_tokens,
-            )?,
+            )?),
             stream: request::opt_bool(body, "stream")?.unwrap_or(false),
             include_usage,
-            rank: request::dp_rank(body)?,
+            logprobs: match field(body, "logprobs") {
+                None => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) if v.is_u64() => true,
+                Some(_) => {
+                    return Err(ApiError::bad(
+                        "logprobs must be a boolean (chat) or a non-negative integer (completions)",
+                    ))
+                }
+            },
+            rank: state.requested_rank(body)?,
         })
     }
 
@@ -124,10 +189,16 @@ pub async fn chat(
     let messages = field(&body, "messages").ok_or_else(|| ApiError::bad("messages is required"))?;
     let prompt = tokens::tokenize(&tokens::render_chat(messages)?);
     let g = Generation::parse(&body, &state, "chatcmpl-")?;
+    let handoff = state
+        .handoffs(&body, 1, false)?
+        .pop()
+        .unwrap_or(Handoff::Local);
     state.control.wait_unstalled().await;
 
     if !g.stream {
-        let p = state.prefill(record, g.rank, &prompt, g.max_new).await;
+        let p = state
+            .start_sequence(record, &handoff, g.rank, &g.id, &prompt, g.max_new)
+            .await?;
         let (prompt_tokens, cached) = (p.prompt_tokens, p.cached_tokens);
         p.decode(g.max_new).await;
         let answer = json!({
@@ -143,7 +214,7 @@ pub async fn chat(
                     "reasoning_content": null,
                     "tool_calls": null,
                 },
-                "logprobs": null,
+                "logprobs": chat_logprobs(g.logprobs, prompt_tokens, 0..g.max_new),
                 "finish_reason": "length",
                 "matched_stop": null,
             }],
@@ -153,20 +224,30 @@ pub async fn chat(
     }
 
     const CHUNK: &str = "chat.completion.chunk";
-    let choice = |delta: Value, finish: Option<&str>| json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]);
+    let choice = |delta: Value, logprobs: Value, finish: Option<&str>| json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]);
     let events = stream::once(async move {
-        let p = state.prefill(record, g.rank, &prompt, g.max_new).await;
+        let p = state
+            .start_sequence(record, &handoff, g.rank, &g.id, &prompt, g.max_new)
+            .await;
         (p, g)
     })
     .flat_map(move |(p, g)| {
+        let p = match p {
+            Ok(p) => p,
+            Err(e) => return stream::once(ready(Err(e))).boxed(),
+        };
         let (prompt_tokens, cached) = (p.prompt_tokens, p.cached_tokens);
         // The role comes with the first output, as SGLang sends it.
         let head = sse::event(&g.chunk(
             CHUNK,
-            choice(json!({"role": "assistant", "content": ""}), None),
+            choice(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+                None,
+            ),
         ));
         let mut tail = vec![sse::event(
-            &g.chunk(CHUNK, choice(json!({}), Some("length"))),
+            &g.chunk(CHUNK, choice(json!({}), Value::Null, Some("length"))),
         )];
         if g.include_usage {
             tail.push(sse::event(
@@ -176,15 +257,21 @@ pub async fn chat(
         let tokens = p.decode_stream(g.max_new).map(move |i| {
             sse::event(&g.chunk(
                 CHUNK,
-                choice(json!({"content": tokens::generated_token(i)}), None),
+                choice(
+                    json!({"content": generated_token(i)}),
+                    chat_logprobs(g.logprobs, prompt_tokens, i..i + 1),
+                    None,
+                ),
             ))
         });
         stream::once(async { head })
             .chain(tokens)
             .chain(stream::iter(tail))
+            .map(Ok)
+            .boxed()
     })
-    .chain(stream::once(async { sse::done() }));
-    Ok(sse::response(events, in_flight))
+    .chain(stream::once(async { Ok(sse::done()) }));
+    Ok(sse::response(sse::until_error(events), in_flight))
 }
 
 /// `POST /v1/completions`: `prompt` is a string, token ids, or a batch.
@@ -197,30 +284,36 @@ pub async fn completions(
     let record = record.map(|Extension(id)| id);
     let body = parse_object(&body)?;
     let prompt = field(&body, "prompt").ok_or_else(|| ApiError::bad("prompt is required"))?;
-    let (prompts, _batch) = request::prompts("prompt", prompt)?;
+    let (prompts, batch) = request::prompts("prompt", prompt)?;
     let prompts: Vec<Vec<Token>> = prompts.iter().map(tokens::Prompt::tokens).collect();
     let g = Generation::parse(&body, &state, "cmpl-")?;
+    let handoffs = state.handoffs(&body, prompts.len(), batch)?;
     state.control.wait_unstalled().await;
 
     const OBJECT: &str = "text_completion";
     if !g.stream {
-        let done = join_all(prompts.iter().map(|tokens| {
+        // The first failure ends the request (and withdraws the others).
+        let done = try_join_all(prompts.iter().zip(&handoffs).map(|(tokens, handoff)| {
             let state = &state;
-            let (max_new, rank) = (g.max_new, g.rank);
+            let g = &g;
             async move {
-                let p = state.prefill(record, rank, tokens, max_new).await;
+                let p = state
+                    .start_sequence(record, handoff, g.rank, &g.id, tokens, g.max_new)
+                    .await?;
                 let counts = (p.prompt_tokens, p.cached_tokens);
-                p.decode(max_new).await;
-                counts
+                p.decode(g.max_new).await;
+                Ok::<_, ApiError>(counts)
             }
         }))
-        .await;
-        let choices: Vec<Value> = (0..done.len())
-            .map(|i| {
+        .await?;
+        let choices: Vec<Value> = done
+            .iter()
+            .enumerate()
+            .map(|(i, &(prompt_tokens, _))| {
                 json!({
                     "index": i,
                     "text": generated_text(g.max_new),
-                    "logprobs": null,
+                    "logprobs": completion_logprobs(g.logprobs, prompt_tokens, 0..g.max_new),
                     "finish_reason": "length",
                     "matched_stop": null,
                 })
@@ -242,31 +335,55 @@ pub async fn completions(
     let n_prompts = prompts.len();
     // Usage of all prompts, reported once every prompt has finished.
     let totals = Arc::new(Mutex::new((0usize, 0usize)));
-    let choice = |index: usize, text: String, finish: Option<&str>| json!([{"index": index, "text": text, "logprobs": null, "finish_reason": finish}]);
-    let per_prompt = prompts.into_iter().enumerate().map(|(index, tokens)| {
-        let state = state.clone();
-        let g = Arc::clone(&g);
-        let totals = Arc::clone(&totals);
-        stream::once(async move {
-            let p = state.prefill(record, g.rank, &tokens, g.max_new).await;
-            {
-                let mut t = totals.lock();
-                t.0 += p.prompt_tokens;
-                t.1 += p.cached_tokens;
-            }
-            (p, g)
-        })
-        .flat_map(move |(p, g)| {
-            let last = sse::event(&g.chunk(OBJECT, choice(index, String::new(), Some("length"))));
-            let g2 = Arc::clone(&g);
-            p.decode_stream(g.max_new)
-                .map(move |i| {
-                    sse::event(&g2.chunk(OBJECT, choice(index, tokens::generated_token(i), None)))
+    let choice = |index: usize, text: String, logprobs: Value, finish: Option<&str>| json!([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]);
+    let per_prompt =
+        prompts
+            .into_iter()
+            .zip(handoffs)
+            .enumerate()
+            .map(|(index, (tokens, handoff))| {
+                let state = state.clone();
+                let g = Arc::clone(&g);
+                let totals = Arc::clone(&totals);
+                stream::once(async move {
+                    let p = state
+                        .start_sequence(record, &handoff, g.rank, &g.id, &tokens, g.max_new)
+                        .await;
+                    if let Ok(p) = &p {
+                        let mut t = totals.lock();
+                        t.0 += p.prompt_tokens;
+                        t.1 += p.cached_tokens;
+                    }
+                    (p, g)
                 })
-                .chain(stream::once(async move { last }))
-        })
-        .boxed()
-    });
+                .flat_map(move |(p, g)| {
+                    let p = match p {
+                        Ok(p) => p,
+                        Err(e) => return stream::once(ready(Err(e))).boxed(),
+                    };
+                    let last = sse::event(&g.chunk(
+                        OBJECT,
+                        choice(index, String::new(), Value::Null, Some("length")),
+                    ));
+                    let g2 = Arc::clone(&g);
+                    let prompt_tokens = p.prompt_tokens;
+                    p.decode_stream(g.max_new)
+                        .map(move |i| {
+                            let logprobs =
+                                completion_logprobs(g2.logprobs, prompt_tokens, i..i + 1);
+                            sse::event(
+                                &g2.chunk(
+                                    OBJECT,
+                                    choice(index, generated_token(i), logprobs, None),
+                                ),
+                            )
+                        })
+                        .chain(stream::once(async move { last }))
+                        .map(Ok)
+                        .boxed()
+                })
+                .boxed()
+            });
     // Collected so the closures above are done borrowing `g` and `totals`.
     let per_prompt: Vec<_> = per_prompt.collect();
     let usage_event = stream::once(async move {
@@ -279,11 +396,11 @@ pub async fn completions(
             usage(prompt_tokens, g.max_new * n_prompts, cached),
         )))
     })
-    .filter_map(|e| async move { e });
+    .filter_map(|e| async move { e.map(Ok) });
     let events = stream::select_all(per_prompt)
         .chain(usage_event)
-        .chain(stream::once(async { sse::done() }));
-    Ok(sse::response(events, in_flight))
+        .chain(stream::once(async { Ok(sse::done()) }));
+    Ok(sse::response(sse::until_error(events), in_flight))
 }
 
 /// A deterministic unit vector of [`EMBEDDING_DIM`] numbers for `tokens`.
@@ -320,7 +437,7 @@ pub async fn embeddings(
     let body = parse_object(&body)?;
     let input = field(&body, "input").ok_or_else(|| ApiError::bad("input is required"))?;
     let (prompts, _batch) = request::prompts("input", input)?;
-    let rank = request::dp_rank(&body)?;
+    let rank = request::dp_rank(&body, "data_parallel_rank")?;
     let model = request::model(&body, &state.config.model_path);
     state.control.wait_unstalled().await;
 

@@ -76,15 +76,16 @@ pub fn max_tokens(body: &Body, keys: &[&str], default: usize) -> Result<usize, A
     Ok(default)
 }
 
-/// `data_parallel_rank`, if given. Out-of-range ranks are left to the engine
-/// (it falls back to round-robin, like an unpinned request).
-pub fn dp_rank(body: &Body) -> Result<Option<i64>, ApiError> {
-    match field(body, "data_parallel_rank") {
+/// The DP rank field `key` (`data_parallel_rank` or
+/// `data_parallel_rank_decode`), if given. Out-of-range ranks are left to the
+/// engine (it falls back to round-robin, like an unpinned request).
+pub fn dp_rank(body: &Body, key: &str) -> Result<Option<i64>, ApiError> {
+    match field(body, key) {
         None => Ok(None),
         Some(v) => v
             .as_i64()
             .map(Some)
-            .ok_or_else(|| ApiError::bad("data_parallel_rank must be an integer")),
+            .ok_or_else(|| ApiError::bad(format!("{key} must be an integer"))),
     }
 }
 

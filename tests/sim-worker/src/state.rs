@@ -2,12 +2,16 @@
 
 use std::ops::Deref;
 use std::sync::Arc;
+use std::time::Duration;
 
+use crate::bootstrap::{self, Kv, Rooms};
 use crate::control::Control;
+use crate::disagg::{prompt_hash, DisaggregationMode, Handoff};
 use crate::engine::{Engine, Prefilled};
 use crate::error::ApiError;
 use crate::record::{RecordId, Recorder};
-use crate::stats::{InFlight, Stats};
+use crate::request::{self, Body};
+use crate::stats::{InFlight, KvEvent, Stats};
 use crate::tokens::Token;
 
 /// Startup configuration of a simulated worker (the CLI flags).
@@ -31,6 +35,17 @@ pub struct SimConfig {
     pub cache_tokens: usize,
     /// Tokens generated when a request does not say.
     pub default_max_tokens: usize,
+    /// `--disaggregation-mode`: `null` (not disaggregated), `prefill` or
+    /// `decode`.
+    pub disaggregation_mode: DisaggregationMode,
+    /// `--disaggregation-bootstrap-port`: where a prefill worker's bootstrap
+    /// server listens (0 picks a free port; [`crate::serve`] replaces it with
+    /// the bound one); on a decode worker, the port used for requests whose
+    /// `bootstrap_port` is `null`.
+    pub disaggregation_bootstrap_port: u16,
+    /// `--disaggregation-timeout-ms`: how long a prefill waits for its room
+    /// to be fetched, and a decode for its room to be published.
+    pub disaggregation_timeout_ms: u64,
 }
 
 impl Default for SimConfig {
@@ -45,6 +60,9 @@ impl Default for SimConfig {
             max_running_prefills: 1,
             cache_tokens: 1_000_000,
             default_max_tokens: 16,
+            disaggregation_mode: DisaggregationMode::Null,
+            disaggregation_bootstrap_port: 8998,
+            disaggregation_timeout_ms: 5000,
         }
     }
 }
@@ -66,6 +84,10 @@ pub struct Shared {
     pub recorder: Recorder,
     /// Request counters.
     pub stats: Arc<Stats>,
+    /// Rooms of the bootstrap server (used in prefill mode).
+    pub rooms: Rooms,
+    /// Client for fetching KV from prefill workers (used in decode mode).
+    pub client: reqwest::Client,
 }
 
 impl Deref for AppState {
@@ -96,7 +118,113 @@ impl AppState {
             control,
             recorder: Recorder::default(),
             stats: Arc::new(Stats::new(dp_size)),
+            rooms: Rooms::default(),
+            client: reqwest::Client::new(),
         }))
+    }
+
+    /// `--disaggregation-timeout-ms` as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.config.disaggregation_timeout_ms)
+    }
+
+    /// The DP rank a request asks for: `data_parallel_rank`, or on a decode
+    /// worker `data_parallel_rank_decode` (the router sends both to decode
+    /// workers; the first names the prefill's rank).
+    pub fn requested_rank(&self, body: &Body) -> Result<Option<i64>, ApiError> {
+        match self.config.disaggregation_mode {
+            DisaggregationMode::Decode => request::dp_rank(body, "data_parallel_rank_decode"),
+            _ => request::dp_rank(body, "data_parallel_rank"),
+        }
+    }
+
+    /// The [`Handoff`]s of the `n` sequences of a generate-like `body`.
+    pub fn handoffs(&self, body: &Body, n: usize, batch: bool) -> Result<Vec<Handoff>, ApiError> {
+        crate::disagg::handoffs(
+            self.config.disaggregation_mode,
+            body,
+            n,
+            batch,
+            self.config.disaggregation_bootstrap_port,
+        )
+    }
+
+    /// Tokens a sequence asking for `max_new` generates here: a prefill
+    /// worker stops after the first token, as SGLang's does.
+    pub fn to_generate(&self, max_new: usize) -> usize {
+        match self.config.disaggregation_mode {
+            DisaggregationMode::Prefill => max_new.min(1),
+            _ => max_new,
+        }
+    }
+
+    /// Brings one sequence of a generate-like request to the point where it
+    /// can decode: prefilled here, plus (on a prefill worker) its KV fetched
+    /// by a decode worker, or (on a decode worker) fetched from the prefill
+    /// worker. `rank` is [`AppState::requested_rank`]; `max_new` is what
+    /// [`AppState::to_generate`] says.
+    pub async fn start_sequence(
+        &self,
+        record: Option<RecordId>,
+        handoff: &Handoff,
+        rank: Option<i64>,
+        rid: &str,
+        tokens: &[Token],
+        max_new: usize,
+    ) -> Result<Prefilled, ApiError> {
+        let rank = handoff.rank(rank, self.config.dp_size);
+        match handoff {
+            Handoff::Local => Ok(self.prefill(record, rank, tokens, max_new).await),
+            Handoff::Publish { room } => {
+                let p = self.prefill(record, rank, tokens, max_new).await;
+                let kv = Kv {
+                    bootstrap_room: *room,
+                    rid: rid.to_string(),
+                    prompt_hash: prompt_hash(tokens),
+                    prompt_tokens: tokens.len(),
+                    dp_rank: p.rank,
+                };
+                let published = self.rooms.publish(kv).map_err(|e| {
+                    self.stats.kv(KvEvent::Failed);
+                    ApiError::KvTransfer(e.to_string())
+                })?;
+                self.stats.kv(KvEvent::Published);
+                tracing::debug!(room, rid, "KV published");
+                if published.fetched(self.timeout()).await {
+                    self.stats.kv(KvEvent::Fetched { rank: p.rank });
+                    Ok(p)
+                } else {
+                    self.stats.kv(KvEvent::Failed);
+                    Err(ApiError::KvTransfer(format!(
+                        "bootstrap_room {room} was not fetched by a decode worker within {} ms",
+                        self.config.disaggregation_timeout_ms
+                    )))
+                }
+            }
+            Handoff::Fetch { room, host, port } => {
+                let admitted =
+                    self.engine
+                        .admit(self.engine.pick_rank(rank), tokens.len(), max_new);
+                let fetched =
+                    bootstrap::fetch_remote(&self.client, host, *port, *room, self.timeout())
+                        .await
+                        .and_then(|kv| check_kv(&kv, *room, tokens));
+                if let Err(reason) = fetched {
+                    self.stats.kv(KvEvent::Failed);
+                    tracing::debug!(room, host, port, reason, "KV fetch failed");
+                    return Err(ApiError::KvTransfer(format!(
+                        "bootstrap_room {room}: {reason}"
+                    )));
+                }
+                let p = admitted.start();
+                self.stats.kv(KvEvent::Fetched { rank: p.rank });
+                self.stats.prefilled(p.rank, p.prompt_tokens, 0);
+                if let Some(id) = record {
+                    self.recorder.note_prefill(id, p.rank, p.prompt_tokens, 0);
+                }
+                Ok(p)
+            }
+        }
     }
 
     /// Start of every inference request: counts it and applies an injected
@@ -137,4 +265,23 @@ impl AppState {
         );
         done
     }
+}
+
+/// Checks that `kv`, fetched for `room`, is the KV of the prompt `tokens`.
+fn check_kv(kv: &Kv, room: u64, tokens: &[Token]) -> Result<(), String> {
+    if kv.bootstrap_room != room {
+        return Err(format!(
+            "the bootstrap server sent the KV of room {} instead",
+            kv.bootstrap_room
+        ));
+    }
+    if kv.prompt_hash != prompt_hash(tokens) || kv.prompt_tokens != tokens.len() {
+        return Err(format!(
+            "the KV (request {}, {} prompt tokens) is not the KV of this prompt ({} tokens)",
+            kv.rid,
+            kv.prompt_tokens,
+            tokens.len()
+        ));
+    }
+    Ok(())
 }

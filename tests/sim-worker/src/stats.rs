@@ -16,6 +16,26 @@ pub struct Stats {
     prompt_tokens_total: AtomicU64,
     cached_tokens_total: AtomicU64,
     by_rank: Vec<AtomicU64>,
+    kv_published: AtomicU64,
+    kv_fetched: AtomicU64,
+    kv_failed: AtomicU64,
+    kv_fetched_by_rank: Vec<AtomicU64>,
+}
+
+/// What happened to one KV handoff of a disaggregated sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvEvent {
+    /// A prefill worker published a room.
+    Published,
+    /// A handoff completed on `rank`: a decode worker took a room this
+    /// prefill worker published, or this decode worker got a matching KV.
+    Fetched {
+        /// The DP rank of this worker that ran the sequence.
+        rank: usize,
+    },
+    /// A handoff failed: a published room expired unfetched, or a decode
+    /// worker's fetch failed (unreachable, timeout, mismatched prompt).
+    Failed,
 }
 
 impl Stats {
@@ -28,7 +48,26 @@ impl Stats {
             prompt_tokens_total: AtomicU64::new(0),
             cached_tokens_total: AtomicU64::new(0),
             by_rank: (0..dp_size).map(|_| AtomicU64::new(0)).collect(),
+            kv_published: AtomicU64::new(0),
+            kv_fetched: AtomicU64::new(0),
+            kv_failed: AtomicU64::new(0),
+            kv_fetched_by_rank: (0..dp_size).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Counts a KV handoff event.
+    pub fn kv(&self, event: KvEvent) {
+        let counter = match event {
+            KvEvent::Published => &self.kv_published,
+            KvEvent::Fetched { rank } => {
+                if let Some(n) = self.kv_fetched_by_rank.get(rank) {
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
+                &self.kv_fetched
+            }
+            KvEvent::Failed => &self.kv_failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts an inference request to `path`; it is in flight until the
@@ -40,7 +79,8 @@ impl Stats {
         InFlight(Arc::clone(self))
     }
 
-    /// Counts one prefilled sequence on `rank`.
+    /// Counts one sequence run on `rank`: prefilled here, or (on a decode
+    /// worker) started with a transferred KV and no cache hits.
     pub fn prefilled(&self, rank: usize, prompt_tokens: usize, cached_tokens: usize) {
         self.prompt_tokens_total
             .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
@@ -51,16 +91,25 @@ impl Stats {
         }
     }
 
-    /// The `/_sim/stats` document.
-    pub fn to_json(&self) -> Value {
+    /// The `/_sim/stats` document; `kv_rooms_open` is the number of rooms
+    /// currently published or waited for on this worker's bootstrap server.
+    pub fn to_json(&self, kv_rooms_open: usize) -> Value {
         let by_path = self.by_path.lock().clone();
+        let load = |counters: &[AtomicU64]| -> Vec<u64> {
+            counters.iter().map(|n| n.load(Ordering::Relaxed)).collect()
+        };
         json!({
             "requests_total": self.requests_total.load(Ordering::Relaxed),
             "in_flight": self.in_flight.load(Ordering::Relaxed),
             "by_path": by_path,
             "prompt_tokens_total": self.prompt_tokens_total.load(Ordering::Relaxed),
             "cached_tokens_total": self.cached_tokens_total.load(Ordering::Relaxed),
-            "by_rank": self.by_rank.iter().map(|n| n.load(Ordering::Relaxed)).collect::<Vec<_>>(),
+            "by_rank": load(&self.by_rank),
+            "kv_published": self.kv_published.load(Ordering::Relaxed),
+            "kv_fetched": self.kv_fetched.load(Ordering::Relaxed),
+            "kv_failed": self.kv_failed.load(Ordering::Relaxed),
+            "kv_fetched_by_rank": load(&self.kv_fetched_by_rank),
+            "kv_rooms_open": kv_rooms_open,
         })
     }
 }

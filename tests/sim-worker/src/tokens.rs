@@ -110,6 +110,35 @@ pub fn generated_token(i: usize) -> String {
     format!(" tok{i}")
 }
 
+/// Size of the vocabulary that text tokens' ids are drawn from.
+const VOCAB: u64 = 32000;
+
+/// The token id reported for `t` (in logprobs): the id itself for a prompt
+/// given as token ids, else a stable id derived from the text.
+pub fn token_id(t: Token) -> i64 {
+    if t & ID_TAG != 0 {
+        // Ids were stored without their top bit; restore negative ones.
+        (((t & !ID_TAG) << 1) as i64) >> 1
+    } else {
+        let mut h = t.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+        (h % VOCAB) as i64
+    }
+}
+
+/// The token id of generated token `i`.
+pub fn generated_token_id(i: usize) -> i64 {
+    (i as u64 % VOCAB) as i64
+}
+
+/// A deterministic log-probability in `[-5, 0)` for token `id` at `pos`.
+pub fn logprob(id: i64, pos: usize) -> f64 {
+    let mut h = (id as u64) ^ (pos as u64).rotate_left(32) ^ 0x2545_f491_4f6c_dd1d;
+    h = h.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    h ^= h >> 31;
+    -((h % 5000) as f64 + 1.0) / 1000.0
+}
+
 /// The text of the first `n` generated tokens.
 pub fn generated_text(n: usize) -> String {
     (0..n).map(generated_token).collect()
@@ -142,6 +171,24 @@ mod tests {
     fn ids_and_text_never_collide() {
         let ids = Prompt::Ids(vec![0x61]).tokens();
         assert_ne!(ids, tokenize("a"));
+    }
+
+    #[test]
+    fn token_ids_and_logprobs() {
+        assert_eq!(
+            Prompt::Ids(vec![5, -3])
+                .tokens()
+                .into_iter()
+                .map(token_id)
+                .collect::<Vec<_>>(),
+            vec![5, -3]
+        );
+        let t = tokenize("abcd")[0];
+        assert_eq!(token_id(t), token_id(t));
+        assert!((0..32000).contains(&token_id(t)));
+        let lp = logprob(7, 3);
+        assert!((-5.0..0.0).contains(&lp), "{lp}");
+        assert_eq!(lp, logprob(7, 3));
     }
 
     #[test]
