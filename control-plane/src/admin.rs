@@ -115,32 +115,22 @@ fn spec_of(
     state: &AdminState,
     worker_type: Option<&str>,
     bootstrap_port: Option<Option<u16>>,
-) -> Result<WorkerSpec, Response> {
+) -> Result<WorkerSpec, String> {
     let role = match worker_type {
         None if state.engine.options().pd => {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "this router runs PD mode: say worker_type prefill or decode",
-            ))
+            return Err("this router runs PD mode: say worker_type prefill or decode".into())
         }
         None | Some("regular") => Role::Regular,
         Some("prefill") => Role::Prefill,
         Some("decode") => Role::Decode,
         Some(other) => {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                &format!("unknown worker_type `{other}`: use regular, prefill or decode"),
+            return Err(format!(
+                "unknown worker_type `{other}`: use regular, prefill or decode"
             ))
         }
     };
     if role != Role::Prefill && bootstrap_port.flatten().is_some() {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "bootstrap_port is for prefill workers",
-        ));
+        return Err("bootstrap_port is for prefill workers".into());
     }
     Ok(WorkerSpec {
         role,
@@ -188,7 +178,7 @@ async fn add_worker_query(State(s): State<AdminState>, Query(q): Query<UrlParam>
     };
     let spec = match spec_of(&s, q.worker_type.as_deref(), port) {
         Ok(spec) => spec,
-        Err(r) => return r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", &e),
     };
     match add(&s, &url, spec).await {
         Ok(units) => (
@@ -313,7 +303,7 @@ async fn add_worker_json(State(s): State<AdminState>, body: Bytes) -> Response {
     };
     let spec = match spec_of(&s, req.worker_type.as_deref(), Some(req.bootstrap_port)) {
         Ok(spec) => spec,
-        Err(r) => return r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", &e),
     };
     match add(&s, &req.url, spec).await {
         Ok(units) => {

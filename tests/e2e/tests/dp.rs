@@ -24,6 +24,15 @@ fn chat(content: &str) -> String {
         .to_string()
 }
 
+/// The inference requests a worker received (not probes or info GETs).
+async fn posts(w: &SimWorker) -> Vec<Value> {
+    w.requests()
+        .await
+        .into_iter()
+        .filter(|r| r["method"] == "POST")
+        .collect()
+}
+
 async fn by_rank(w: &SimWorker) -> Vec<u64> {
     w.stats().await["by_rank"]
         .as_array()
@@ -52,7 +61,7 @@ async fn every_rank_of_every_worker_gets_distinct_prompts_and_is_told_its_rank()
                 ranks.iter().all(|&n| n >= 3),
                 "{policy}: a rank left idle: {ranks:?}"
             );
-            for req in w.requests().await {
+            for req in posts(w).await {
                 let body: Value = serde_json::from_str(req["body"].as_str().unwrap()).unwrap();
                 let rank = body["data_parallel_rank"].as_u64().expect("rank injected");
                 assert_eq!(req["dp_rank"].as_u64(), Some(rank), "ran where told");
@@ -114,8 +123,8 @@ async fn dp_aware_pd_tells_prefill_and_decode_their_ranks() {
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     }
     let (p, d) = (&stack.prefills[0], &stack.decodes[0]);
-    let prefill_reqs = p.requests().await;
-    let decode_reqs = d.requests().await;
+    let prefill_reqs = posts(p).await;
+    let decode_reqs = posts(d).await;
     assert_eq!((prefill_reqs.len(), decode_reqs.len()), (8, 8));
     for (pr, dr) in prefill_reqs.iter().zip(&decode_reqs) {
         let pb: Value = serde_json::from_str(pr["body"].as_str().unwrap()).unwrap();
