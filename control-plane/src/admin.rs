@@ -6,8 +6,9 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -27,21 +28,78 @@ pub struct AdminState {
     pub engine: Arc<Engine>,
     /// Checks workers as they are added.
     pub health: Arc<HealthChecker>,
+    /// `--admin-token`: required as `Authorization: Bearer ...` to change
+    /// the worker set.
+    pub token: Option<Arc<str>>,
 }
 
 /// The admin API's routes.
 pub fn router(state: AdminState) -> Router {
-    Router::new()
+    // Changes to the fleet (and so which URLs the control plane will call)
+    // need the token; reading does not.
+    let mutating = Router::new()
         .route("/add_worker", post(add_worker_query))
         .route("/remove_worker", post(remove_worker_query))
+        .route("/workers", post(add_worker_json))
+        .route("/workers/{*url}", delete(remove_worker_path))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
         .route("/list_workers", get(list_workers))
         .route("/get_loads", get(get_loads))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .route("/workers", get(workers_json).post(add_worker_json))
-        .route("/workers/{*url}", delete(remove_worker_path))
+        .route("/workers", get(workers_json))
+        .merge(mutating)
         .fallback(not_found)
         .with_state(state)
+}
+
+/// 401 without a bearer token, 403 with the wrong one (when a token is set).
+async fn require_token(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(expected) = s.token.as_deref() else {
+        return next.run(request).await;
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        None => {
+            let mut r = error(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "this admin endpoint needs `Authorization: Bearer <admin token>`",
+            );
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            r
+        }
+        Some(t) if constant_time_eq(t.trim().as_bytes(), expected.as_bytes()) => {
+            next.run(request).await
+        }
+        Some(_) => error(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "the admin token is not valid",
+        ),
+    }
+}
+
+/// Compares without an early exit, so response time does not tell how much
+/// of a guessed token was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(0));
+    }
+    diff == 0
 }
 
 /// An OpenAI-shaped JSON error response.

@@ -132,6 +132,13 @@ pub struct Args {
     #[arg(long, default_value_t = 30011)]
     pub grpc_port: u16,
 
+    /// Bearer token required by the admin API's mutating endpoints (add and
+    /// remove workers). Without it anyone who reaches the admin port (or
+    /// Envoy's client port, which routes the admin paths) can change the
+    /// fleet; set it in production.
+    #[arg(long, env = "SGLANG_ENVOY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
     /// Log level: trace, debug, info, warn, error.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -177,6 +184,13 @@ impl Args {
         }
         if !self.health_check_endpoint.starts_with('/') {
             return Err("--health-check-endpoint must start with /".into());
+        }
+        if self
+            .admin_token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err("--admin-token must not be empty".into());
         }
         if self.pd_disaggregation {
             if !self.worker_urls.is_empty() {

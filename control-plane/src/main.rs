@@ -42,6 +42,9 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
 
+    if args.admin_token.is_none() {
+        warn!("no --admin-token: anyone who reaches the admin API can add and remove workers");
+    }
     let registry = Arc::new(Registry::default());
     let policies = if args.pd_disaggregation {
         let prefill = policy::build(args.prefill_policy(), &args);
@@ -152,6 +155,7 @@ async fn main() -> anyhow::Result<()> {
         admin::router(admin::AdminState {
             engine: engine.clone(),
             health: health.clone(),
+            token: args.admin_token.as_deref().map(Arc::from),
         }),
     );
     info!(%grpc_addr, %admin_addr, "control plane listening");

@@ -9,8 +9,13 @@ pub enum AddressError {
     #[error("`{0}` is not a valid URL")]
     Invalid(String),
     /// Only plain http workers can be reached through Envoy's worker cluster.
-    #[error("`{0}`: only http:// worker URLs are supported")]
+    #[error(
+        "`{0}`: only http:// worker URLs are supported (Envoy's worker cluster speaks plain HTTP)"
+    )]
     Scheme(String),
+    /// The port must be written out: guessing 80 hides typos.
+    #[error("`{0}`: a worker URL needs an explicit port, e.g. http://host:30000")]
+    NoPort(String),
     /// A worker URL names a server, nothing more.
     #[error("`{0}`: a worker URL is scheme://host:port with no path, query or credentials")]
     Extra(String),
@@ -36,6 +41,9 @@ pub struct WorkerAddress {
 impl WorkerAddress {
     /// Normalises `raw` into `http://host:port` (port 80 when absent).
     pub fn normalise(raw: &str) -> Result<(String, String, u16), AddressError> {
+        if raw.len() > MAX_URL_LEN || raw.chars().any(char::is_control) {
+            return Err(AddressError::Invalid(shorten(raw)));
+        }
         let url = Url::parse(raw.trim()).map_err(|_| AddressError::Invalid(raw.into()))?;
         if url.scheme() != "http" {
             return Err(AddressError::Scheme(raw.into()));
@@ -52,6 +60,9 @@ impl WorkerAddress {
             || !matches!(url.path(), "" | "/")
         {
             return Err(AddressError::Extra(raw.into()));
+        }
+        if !has_explicit_port(raw.trim()) {
+            return Err(AddressError::NoPort(raw.into()));
         }
         let port = url.port_or_known_default().unwrap_or(80);
         Ok((format!("http://{host}:{port}"), host, port))
@@ -79,6 +90,29 @@ impl WorkerAddress {
     }
 }
 
+/// Longest worker URL accepted; anything longer is not a worker address.
+const MAX_URL_LEN: usize = 512;
+
+fn shorten(raw: &str) -> String {
+    raw.chars().take(64).filter(|c| !c.is_control()).collect()
+}
+
+/// True when the URL's authority names a port (`host:port`, `[v6]:port`);
+/// `Url::port` cannot tell, as it hides a written default port.
+fn has_explicit_port(raw: &str) -> bool {
+    let Some((_, rest)) = raw.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let after_host = match authority.rfind(']') {
+        Some(i) => &authority[i + 1..],
+        None => authority,
+    };
+    after_host
+        .rsplit_once(':')
+        .is_some_and(|(_, port)| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,8 +126,12 @@ mod tests {
             "http://127.0.0.1:8000"
         );
         assert_eq!(
-            WorkerAddress::normalise("http://worker").unwrap().0,
+            WorkerAddress::normalise("http://worker:80").unwrap().0,
             "http://worker:80"
+        );
+        assert_eq!(
+            WorkerAddress::normalise("http://[::1]:9").unwrap().0,
+            "http://[::1]:9"
         );
     }
 
@@ -108,9 +146,17 @@ mod tests {
             "http://u:p@a:1",
             "http://a:1?x=1",
             "http://:1",
+            "http://worker",
+            "http://[::1]",
+            "http://a:",
+            "javascript:alert(1)",
+            "http://a:1\n",
+            "http://a:99999",
         ] {
             assert!(WorkerAddress::normalise(bad).is_err(), "{bad} accepted");
         }
+        let long = format!("http://{}:1", "a".repeat(600));
+        assert!(WorkerAddress::normalise(&long).is_err());
     }
 
     #[tokio::test]

@@ -1,0 +1,141 @@
+//! The admin API with `--admin-token`: changing the fleet needs the token,
+//! reading does not, and worker URLs are validated before anything is called.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sglang_envoy_e2e::{expect_openai_error, SimWorker, Stack, StackOptions};
+use tokio::net::TcpListener;
+
+const TOKEN: &str = "s3cret-admin-token";
+
+async fn guarded_stack() -> Stack {
+    Stack::start(StackOptions {
+        workers: 1,
+        cp_args: vec!["--admin-token".into(), TOKEN.into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn mutating_endpoints_need_the_token_through_envoy_and_directly() {
+    let stack = guarded_stack().await;
+    let extra = SimWorker::start(&stack.dir, &[]).await.unwrap();
+    let client = reqwest::Client::new();
+    for base in [stack.base.clone(), stack.admin.clone()] {
+        let add = format!("{base}/add_worker?url={}", extra.url);
+        let r = client.post(&add).send().await.unwrap();
+        assert_eq!(
+            r.headers()
+                .get("www-authenticate")
+                .map(|v| v.to_str().unwrap()),
+            Some("Bearer")
+        );
+        expect_openai_error(r, 401).await;
+        let r = client.post(&add).bearer_auth("wrong").send().await.unwrap();
+        expect_openai_error(r, 403).await;
+        let r = client
+            .post(format!("{base}/workers"))
+            .json(&json!({"url": extra.url}))
+            .send()
+            .await
+            .unwrap();
+        expect_openai_error(r, 401).await;
+        let r = client
+            .delete(format!("{base}/workers/{}", stack.workers[0].url))
+            .send()
+            .await
+            .unwrap();
+        expect_openai_error(r, 401).await;
+        // Reading stays open.
+        let listed: serde_json::Value = client
+            .get(format!("{base}/list_workers"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            listed["urls"].as_array().unwrap().len(),
+            1,
+            "nothing changed"
+        );
+    }
+    let r = client
+        .post(format!("{}/add_worker?url={}", stack.base, extra.url))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = client
+        .delete(format!("{}/workers/{}", stack.admin, stack.workers[0].url))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let listed = stack.get_json("/list_workers").await;
+    assert_eq!(listed["urls"], json!([extra.url]));
+}
+
+#[tokio::test]
+async fn without_the_token_nobody_can_make_the_control_plane_call_out() {
+    let stack = guarded_stack().await;
+    // A canary the control plane would health-check if it were added.
+    let canary = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", canary.local_addr().unwrap());
+    for path in [
+        format!("/add_worker?url={url}"),
+        format!("/add_worker?url={url}&worker_type=regular"),
+    ] {
+        let r = reqwest::Client::new()
+            .post(stack.url(&path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    let called = tokio::time::timeout(Duration::from_millis(1500), canary.accept()).await;
+    assert!(called.is_err(), "the control plane connected to the canary");
+}
+
+#[tokio::test]
+async fn garbage_and_duplicate_worker_urls_are_400() {
+    let stack = Stack::with_workers(1).await;
+    let client = reqwest::Client::new();
+    let existing = stack.workers[0].url.clone();
+    for bad in [
+        "not a url",
+        "ftp://127.0.0.1:21",
+        "https://127.0.0.1:443",
+        "http://127.0.0.1",
+        "http://127.0.0.1:1/v1/chat",
+        "http://user:pw@127.0.0.1:1",
+        "http://127.0.0.1:1?x=1",
+        "http://:1",
+        existing.as_str(),
+    ] {
+        let r = client
+            .post(stack.url("/workers"))
+            .json(&json!({"url": bad}))
+            .send()
+            .await
+            .unwrap();
+        let message = expect_openai_error(r, 400).await;
+        assert!(!message.is_empty(), "{bad}");
+    }
+    let r = client
+        .post(stack.url("/workers"))
+        .body("{\"url\": 42}")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    expect_openai_error(r, 400).await;
+    let listed = stack.get_json("/list_workers").await;
+    assert_eq!(listed["urls"], json!([existing]));
+}
