@@ -139,6 +139,11 @@ pub struct Args {
     #[arg(long, env = "SGLANG_ENVOY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
+    /// Keep the worker registry (workers added at run time too) in this JSON
+    /// file and restore it at startup.
+    #[arg(long)]
+    pub state_file: Option<std::path::PathBuf>,
+
     /// Log level: trace, debug, info, warn, error.
     #[arg(long, default_value = "info")]
     pub log_level: String,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use sglang_envoy_body::{is_info_path, RequestBody, Route};
 use sglang_envoy_proto::{
-    route_response, BodyField, Completion, Decision, NeedBody, PrefillOutcome, Rejection,
-    RouteRequest, RouteResponse,
+    route_response, BodyField, Completion, Decision, NeedBody, PrefillEndpoint, PrefillOutcome,
+    Rejection, RouteRequest, RouteResponse, WorkersSnapshot,
 };
 use tracing::debug;
 
@@ -328,6 +328,34 @@ impl Engine {
                 await_prefill: false,
                 merge_input_logprobs: false,
             })),
+        }
+    }
+
+    /// The healthy servers, for the filter's outage fallback.
+    pub fn snapshot(&self) -> WorkersSnapshot {
+        let endpoints = |role: Role| -> Vec<Arc<Worker>> {
+            let mut seen = std::collections::HashSet::new();
+            self.registry
+                .healthy(role)
+                .iter()
+                .filter(|w| seen.insert(w.endpoint))
+                .cloned()
+                .collect()
+        };
+        WorkersSnapshot {
+            pd: self.options.pd,
+            serving: endpoints(self.serving_role())
+                .iter()
+                .map(|w| w.endpoint_text.clone())
+                .collect(),
+            prefill: endpoints(Role::Prefill)
+                .iter()
+                .map(|w| PrefillEndpoint {
+                    endpoint: w.endpoint_text.clone(),
+                    host: w.host.clone(),
+                    bootstrap_port: w.spec.bootstrap_port.map_or(0, u32::from),
+                })
+                .collect(),
         }
     }
 

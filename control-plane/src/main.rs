@@ -20,7 +20,7 @@ use tracing::{debug, error, info, warn};
 use sglang_envoy_control_plane::config::Args;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::metrics::Metrics;
-use sglang_envoy_control_plane::workers::{HealthChecker, Registry, Role, WorkerSpec};
+use sglang_envoy_control_plane::workers::{persist, HealthChecker, Registry, Role, WorkerSpec};
 use sglang_envoy_control_plane::{admin, policy, service, xds};
 
 #[tokio::main]
@@ -92,6 +92,19 @@ async fn main() -> anyhow::Result<()> {
         };
         initial.push((url.clone(), spec));
     }
+    if let Some(path) = &args.state_file {
+        for stored in persist::load(path)? {
+            match stored.spec() {
+                Some(spec) if !initial.iter().any(|(u, _)| *u == stored.url) => {
+                    initial.push((stored.url, spec));
+                }
+                Some(_) => {}
+                None => {
+                    warn!(worker = %stored.url, kind = %stored.worker_type, "unknown worker type in state file; skipped")
+                }
+            }
+        }
+    }
     let startup_timeout = Duration::from_secs(args.worker_startup_timeout_secs);
     for (url, spec) in initial {
         if args.dp_aware {
@@ -106,10 +119,20 @@ async fn main() -> anyhow::Result<()> {
             ));
             continue;
         }
-        let units = engine
-            .add_worker(&url, spec)
-            .await
-            .with_context(|| format!("cannot register worker {url}"))?;
+        let units = match engine.add_worker(&url, spec).await {
+            Ok(units) => units,
+            // A stored worker that vanished (or the other mode's) must not
+            // keep the router from starting.
+            Err(e)
+                if !args.worker_urls.contains(&url)
+                    && !args.decode.contains(&url)
+                    && !args.prefill_groups.iter().any(|g| g.first() == Some(&url)) =>
+            {
+                warn!(worker = %url, error = %e, "stored worker not restored");
+                continue;
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot register worker {url}")),
+        };
         if !health.admit(&units[0]).await {
             warn!(worker = %url, "worker is not healthy yet; it gets requests once it is");
         }
@@ -125,6 +148,9 @@ async fn main() -> anyhow::Result<()> {
         "workers registered"
     );
 
+    if let Some(path) = args.state_file.clone() {
+        tokio::spawn(persist_changes(registry.clone(), path));
+    }
     tokio::spawn(health.clone().run());
     tokio::spawn(evict(
         engine.clone(),
@@ -213,6 +239,27 @@ async fn evict(engine: Arc<Engine>, every: Duration) {
                 .collect();
             // Eviction walks the tree; keep it off the async workers.
             let _ = tokio::task::spawn_blocking(move || policy.maintain(&units)).await;
+        }
+    }
+}
+
+/// Writes the worker set to `path` whenever it changes.
+///
+/// The first write waits for a change, so a restart whose workers are still
+/// coming up (DP-aware registration) does not overwrite the file with fewer.
+async fn persist_changes(registry: Arc<Registry>, path: std::path::PathBuf) {
+    let mut changes = registry.subscribe();
+    let mut last = Some(persist::snapshot(&registry));
+    loop {
+        if changes.changed().await.is_err() {
+            return;
+        }
+        let now = persist::snapshot(&registry);
+        if last.as_ref() != Some(&now) {
+            match persist::save(&path, &now) {
+                Ok(()) => last = Some(now),
+                Err(e) => error!(error = %e, "cannot save the worker state"),
+            }
         }
     }
 }

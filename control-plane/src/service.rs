@@ -5,6 +5,7 @@ use std::sync::Arc;
 use sglang_envoy_proto::router_server::Router;
 use sglang_envoy_proto::{
     CompleteRequest, CompleteResponse, PrefillOutcome, PrefillWait, RouteRequest, RouteResponse,
+    WorkersRequest, WorkersSnapshot,
 };
 use tonic::{Request, Response, Status};
 
@@ -52,5 +53,12 @@ impl Router for RouterService {
     ) -> Result<Response<PrefillOutcome>, Status> {
         let ticket = request.get_ref().ticket;
         Ok(Response::new(self.engine.await_prefill(ticket).await))
+    }
+
+    async fn workers(
+        &self,
+        _request: Request<WorkersRequest>,
+    ) -> Result<Response<WorkersSnapshot>, Status> {
+        Ok(Response::new(self.engine.snapshot()))
     }
 }

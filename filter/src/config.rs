@@ -17,13 +17,21 @@ pub struct FilterConfig {
     pub endpoint_header: String,
     /// PD mode: longest wait for the prefill half before the client gets 503.
     pub prefill_timeout_ms: u64,
+    /// How often the list of healthy workers is fetched for the fallback.
+    pub workers_refresh_ms: u64,
+    /// A worker list older than this is not used for the fallback.
+    pub fallback_max_age_ms: u64,
+    /// Endpoints after the locally chosen one that Envoy may retry on.
+    pub fallback_retries: usize,
 }
 
 impl Default for FilterConfig {
     fn default() -> Self {
         FilterConfig {
             control_plane_cluster: "sglang_control_plane".into(),
-            route_timeout_ms: 2000,
+            // Decisions take microseconds; a control plane that has not
+            // answered in this long is treated as down (local fallback).
+            route_timeout_ms: 500,
             // sglang-router's --max-payload-size default is 256 MiB; a wasm VM
             // per Envoy thread holding that much is not sensible, 32 MiB is
             // already far beyond any real prompt.
@@ -31,6 +39,9 @@ impl Default for FilterConfig {
             report_interval_ms: 20,
             endpoint_header: "x-gateway-destination-endpoint".into(),
             prefill_timeout_ms: 1_800_000,
+            workers_refresh_ms: 1000,
+            fallback_max_age_ms: 300_000,
+            fallback_retries: 2,
         }
     }
 }
@@ -55,7 +66,7 @@ mod tests {
         assert_eq!(c.control_plane_cluster, "sglang_control_plane");
         let c = FilterConfig::parse(br#"{"max_body_bytes": 10}"#).unwrap();
         assert_eq!(c.max_body_bytes, 10);
-        assert_eq!(c.route_timeout_ms, 2000);
+        assert_eq!(c.route_timeout_ms, 500);
         assert!(FilterConfig::parse(br#"{"max_body_byte": 10}"#).is_err());
     }
 }

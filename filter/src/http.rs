@@ -16,6 +16,7 @@ use sglang_envoy_proto::{
 
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
+use crate::fallback::Fallback;
 use crate::reply::send_error;
 
 /// Where the prefill half of a PD request stands, as far as this stream knows.
@@ -37,6 +38,8 @@ pub struct Request {
     queue: CompletionQueue,
     /// Set (for the whole VM) once the control plane asked for bodies.
     send_body: Rc<Cell<bool>>,
+    /// Healthy workers to fall back on when the control plane is down.
+    fallback: Fallback,
     ticket: u64,
     /// The inference route, for POSTs whose body we route on.
     route: Option<Route>,
@@ -70,12 +73,14 @@ impl Request {
         config: Rc<FilterConfig>,
         queue: CompletionQueue,
         send_body: Rc<Cell<bool>>,
+        fallback: Fallback,
         ticket: u64,
     ) -> Self {
         Request {
             config,
             queue,
             send_body,
+            fallback,
             ticket,
             route: None,
             path: String::new(),
@@ -145,6 +150,9 @@ impl Request {
             }
             Err(status) => {
                 warn!("cannot reach the control plane: {status:?}");
+                if self.route_locally() {
+                    return Action::Continue;
+                }
                 send_error(
                     self,
                     503,
@@ -154,6 +162,28 @@ impl Request {
                 Action::Pause
             }
         }
+    }
+
+    /// The control plane did not answer: sends the request to a recently
+    /// healthy worker in turn. The completion is still reported (the
+    /// control plane may have counted the request before it went silent).
+    /// Returns false when there is nothing to fall back on.
+    fn route_locally(&mut self) -> bool {
+        let now = self.get_current_time();
+        let max_age = Duration::from_millis(self.config.fallback_max_age_ms);
+        let Some(choice) = self
+            .fallback
+            .choose(now, max_age, self.config.fallback_retries)
+        else {
+            return false;
+        };
+        let endpoints = choice.endpoints.join(",");
+        warn!(
+            "control plane unavailable; {} -> {endpoints} (local fallback)",
+            self.path
+        );
+        self.set_http_request_header(&self.config.endpoint_header, Some(&endpoints));
+        true
     }
 
     /// Applies a decision: injected body fields, then the worker endpoints.
@@ -330,6 +360,10 @@ impl Context for Request {
                 "control plane answered grpc status {status_code} for {}",
                 self.path
             );
+            if self.route_locally() {
+                self.resume_http_request();
+                return;
+            }
             send_error(
                 self,
                 503,
@@ -362,8 +396,11 @@ impl Context for Request {
                     );
                     return;
                 }
-                if self.send_question() == Action::Continue {
+                if self.question.is_none() {
                     send_error(self, 500, "internal_error", "lost the routing question");
+                } else if self.send_question() == Action::Continue {
+                    // Routed locally: the control plane went away meanwhile.
+                    self.resume_http_request();
                 }
             }
             Ok(None) | Err(_) => send_error(

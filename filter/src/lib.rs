@@ -7,6 +7,10 @@
 //! goes into a per-VM queue that the root context (`root.rs`) flushes to the
 //! control plane so load counts return to zero.
 //!
+//! While the control plane cannot be reached, requests keep flowing: the root
+//! context polls the list of healthy workers (`fallback.rs`) and a stream
+//! whose routing question fails picks one of them in turn.
+//!
 //! Nothing here may panic: a panic kills the wasm VM for every request that
 //! follows on this Envoy worker thread.
 
@@ -14,6 +18,7 @@
 // point uses; the entry point itself exists only on wasm32.
 pub mod completions;
 pub mod config;
+pub mod fallback;
 pub mod http;
 pub mod reply;
 pub mod root;

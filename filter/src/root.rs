@@ -6,10 +6,13 @@ use log::{error, warn};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
-use sglang_envoy_proto::{CompleteRequest, Completion, SERVICE_NAME};
+use sglang_envoy_proto::{
+    CompleteRequest, Completion, WorkersRequest, WorkersSnapshot, SERVICE_NAME,
+};
 
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
+use crate::fallback::Fallback;
 use crate::http::Request;
 
 /// Completions sent in one `Complete` call.
@@ -30,6 +33,11 @@ pub struct Root {
     in_flight: Option<(u32, Vec<Completion>)>,
     /// Learned from the control plane (PD mode): send it request bodies.
     send_body: Rc<Cell<bool>>,
+    /// Healthy workers for routing while the control plane is down.
+    fallback: Fallback,
+    /// The outstanding `Workers` call, and when the last one went out.
+    workers_call: Option<u32>,
+    workers_asked_at: Option<std::time::SystemTime>,
 }
 
 impl Default for Root {
@@ -40,12 +48,28 @@ impl Default for Root {
             tickets: TicketSource::new(),
             in_flight: None,
             send_body: Rc::new(Cell::new(false)),
+            fallback: Fallback::default(),
+            workers_call: None,
+            workers_asked_at: None,
         }
     }
 }
 
 impl Context for Root {
-    fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, _size: usize) {
+    fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, size: usize) {
+        if self.workers_call == Some(token_id) {
+            self.workers_call = None;
+            if status_code == 0 {
+                let bytes = self
+                    .get_grpc_call_response_body(0, size)
+                    .unwrap_or_default();
+                match WorkersSnapshot::decode(bytes.as_slice()) {
+                    Ok(s) => self.fallback.update(self.get_current_time(), s),
+                    Err(e) => warn!("unreadable worker list from the control plane: {e}"),
+                }
+            }
+            return;
+        }
         match self.in_flight.take() {
             Some((token, batch)) if token == token_id => {
                 if status_code != 0 {
@@ -76,6 +100,7 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
+        self.refresh_workers();
         if self.in_flight.is_some() || self.queue.is_empty() {
             return;
         }
@@ -104,12 +129,42 @@ impl RootContext for Root {
             self.config.clone(),
             self.queue.clone(),
             self.send_body.clone(),
+            self.fallback.clone(),
             self.tickets.next(),
         )))
     }
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+impl Root {
+    /// Asks for the list of healthy workers every `workers_refresh_ms`.
+    fn refresh_workers(&mut self) {
+        if self.workers_call.is_some() {
+            return;
+        }
+        let now = self.get_current_time();
+        let every = Duration::from_millis(self.config.workers_refresh_ms);
+        let due = self
+            .workers_asked_at
+            .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= every);
+        if !due {
+            return;
+        }
+        self.workers_asked_at = Some(now);
+        match self.dispatch_grpc_call(
+            &self.config.control_plane_cluster,
+            SERVICE_NAME,
+            "Workers",
+            vec![],
+            Some(&WorkersRequest {}.encode_to_vec()),
+            REPORT_TIMEOUT,
+        ) {
+            Ok(token) => self.workers_call = Some(token),
+            Err(status) => warn!("cannot ask for the worker list: {status:?}"),
+        }
     }
 }
 

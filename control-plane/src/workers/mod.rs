@@ -4,6 +4,7 @@
 mod address;
 mod discovery;
 mod health;
+pub mod persist;
 mod registry;
 mod worker;
 

@@ -210,6 +210,8 @@ pub struct Stack {
     /// Where logs and the rendered config live.
     pub dir: PathBuf,
     cp: Proc,
+    cp_args: Vec<String>,
+    cp_starts: usize,
     envoy: Proc,
 }
 
@@ -281,6 +283,9 @@ impl Stack {
             args.extend(workers.iter().map(|w| w.url.clone()));
         }
         args.extend(pd_args);
+        // Like an operator's deployment: the registry survives restarts.
+        args.push("--state-file".into());
+        args.push(dir.join("workers.json").display().to_string());
         args.extend(opts.cp_args.iter().cloned());
         let cp = Proc::spawn(
             "control-plane",
@@ -334,6 +339,8 @@ impl Stack {
             admin,
             dir,
             cp,
+            cp_args: args,
+            cp_starts: 1,
             envoy,
         };
         // Ready when a request through Envoy reaches a worker (or, with no
@@ -408,6 +415,24 @@ impl Stack {
     /// Kills the control plane like a crash.
     pub fn kill_control_plane(&mut self) {
         self.cp.kill();
+    }
+
+    /// Starts the control plane again with the same flags (after
+    /// [`Stack::kill_control_plane`]) and waits for its admin API.
+    pub async fn restart_control_plane(&mut self) -> anyhow::Result<()> {
+        self.cp.kill();
+        self.cp_starts += 1;
+        self.cp = Proc::spawn(
+            &format!("control-plane-{}", self.cp_starts),
+            &release_bin("sglang-envoy-control-plane"),
+            &self.cp_args,
+            &self.dir,
+        )?;
+        let health = format!("{}/health", self.admin);
+        if !wait_until(Duration::from_secs(20), || ok(&health)).await {
+            bail!("control plane did not restart:\n{}", self.cp.log());
+        }
+        Ok(())
     }
 
     /// The control plane's log so far.

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use sglang_envoy_e2e::{expect_openai_error, wait_until, Stack, StackOptions};
+use sglang_envoy_e2e::{expect_openai_error, wait_until, PdOptions, Stack, StackOptions};
 
 async fn expect_error(r: reqwest::Response, status: u16, message_part: &str) {
     let message = expect_openai_error(r, status).await;
@@ -98,8 +98,15 @@ async fn no_healthy_worker_is_503_until_one_recovers() {
 }
 
 #[tokio::test]
-async fn control_plane_down_is_a_prompt_503() {
-    let mut stack = Stack::with_workers(1).await;
+async fn control_plane_down_in_pd_mode_is_a_prompt_503() {
+    // A regular fleet keeps being served from the filter's worker list (see
+    // outage.rs); a PD pair needs the control plane's prefill half.
+    let mut stack = Stack::start(StackOptions {
+        pd: Some(PdOptions::default()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     stack.kill_control_plane();
     let started = Instant::now();
     let r = stack.post("/generate", r#"{"text":"x"}"#).await;

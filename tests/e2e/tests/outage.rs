@@ -1,0 +1,123 @@
+//! A control-plane outage must not take the fleet down: under steady load,
+//! the control plane is killed, kept down for 10 s and started again, and no
+//! request fails. The filter routes on its last list of healthy workers
+//! meanwhile; the restarted control plane restores the workers added at run
+//! time from its state file, and loads add up again afterwards.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sglang_envoy_e2e::{SimWorker, Stack, StackOptions};
+
+#[tokio::test]
+async fn ten_seconds_without_the_control_plane_fail_no_request() {
+    let mut stack = Stack::start(StackOptions {
+        workers: 1,
+        policy: "round_robin".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // A worker added at run time: it must survive the restart too.
+    let added = SimWorker::start(&stack.dir, &[]).await.unwrap();
+    let r = reqwest::Client::new()
+        .post(stack.url("/workers"))
+        .json(&json!({"url": added.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Let the filter fetch a worker list that includes it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut clients = Vec::new();
+    for c in 0..4 {
+        let (url, stop, ok, failed) = (
+            stack.url("/v1/chat/completions"),
+            stop.clone(),
+            ok.clone(),
+            failed.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut i = 0u64;
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let body = json!({
+                    "model": "m",
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": format!("client {c} request {i}")}],
+                });
+                match client.post(&url).json(&body).send().await {
+                    Ok(r) if r.status() == 200 => {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(r) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        failures.push(format!(
+                            "{}: {}",
+                            r.status(),
+                            r.text().await.unwrap_or_default()
+                        ));
+                    }
+                    Err(e) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        failures.push(e.to_string());
+                    }
+                }
+            }
+            failures
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before_outage = ok.load(Ordering::Relaxed);
+    stack.kill_control_plane();
+    let served_before: Vec<u64> = vec![stack.workers[0].served().await, added.served().await];
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let during = ok.load(Ordering::Relaxed) - before_outage;
+    let served_during = [
+        stack.workers[0].served().await - served_before[0],
+        added.served().await - served_before[1],
+    ];
+    stack.restart_control_plane().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut failures = Vec::new();
+    for c in clients {
+        failures.extend(c.await.unwrap());
+    }
+
+    assert!(
+        failures.is_empty(),
+        "{} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        during > 20,
+        "only {during} requests served while the control plane was down"
+    );
+    assert!(
+        served_during.iter().all(|&n| n >= during / 4),
+        "the local fallback spreads over both workers: {served_during:?}"
+    );
+    // The restarted control plane knows the admin-added worker...
+    let listed = stack.get_json("/list_workers").await;
+    let urls = listed["urls"].as_array().unwrap();
+    assert_eq!(urls.len(), 2, "{listed}");
+    assert!(urls.iter().any(|u| u == &added.url));
+    // ...and its load counts return to zero: nothing counted twice or lost.
+    assert!(
+        stack.wait_loads_zero(Duration::from_secs(5)).await,
+        "{:?}",
+        stack.loads().await
+    );
+    let after = stack.get_json("/workers").await;
+    assert_eq!(after["in_flight"], 0, "{after}");
+}
