@@ -18,6 +18,10 @@ pub enum PolicyKind {
     /// sglang-router's cache-aware policy: prefix match on approximate radix
     /// trees, shortest queue when loads are imbalanced.
     CacheAware,
+    /// This router's own: the worker where the request is expected to
+    /// start soonest, weighing the prefill its cache saves against the
+    /// prefill work queued on it (see docs/cost-aware-policy.md).
+    CostAware,
 }
 
 /// The control plane's flags.
@@ -82,6 +86,11 @@ pub struct Args {
     /// Loads are imbalanced when max > min * this (and the absolute test holds).
     #[arg(long, default_value_t = 1.5)]
     pub balance_rel_threshold: f32,
+
+    /// cost_aware: what one request in flight costs beyond its prefill, in
+    /// prompt bytes.
+    #[arg(long, default_value_t = 32)]
+    pub cost_per_request: u64,
 
     /// Seconds between LRU evictions of the approximate trees.
     #[arg(long, default_value_t = 60)]

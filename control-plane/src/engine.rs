@@ -199,7 +199,7 @@ impl Engine {
         let Some(worker) = serving.get(selection.index) else {
             return reject(503, "service_unavailable", "no worker could be chosen");
         };
-        self.count(worker, req.ticket);
+        self.count(worker, req.ticket, selection.work);
         self.metrics
             .decided(route_label(route), selection.cache, elapsed(started));
         debug!(path = %req.path, worker = %worker.url, cache = ?selection.cache, "routed");
@@ -252,7 +252,7 @@ impl Engine {
             Err(e) => return reject(400, "invalid_request_error", &e.to_string()),
         };
         let want_logprobs = pd::wants_input_logprobs(route, &body);
-        self.count(decode, req.ticket);
+        self.count(decode, req.ticket, d.work);
         self.prefill.dispatch(
             req.ticket,
             PrefillJob {
@@ -265,6 +265,7 @@ impl Engine {
                     .collect(),
                 body: prefill_body,
                 want_logprobs,
+                work: p.work,
             },
         );
         self.metrics
@@ -278,12 +279,13 @@ impl Engine {
         response
     }
 
-    /// Counts a request on `worker` until `ticket` is reported finished.
-    fn count(&self, worker: &Arc<Worker>, ticket: u64) {
-        worker.increment_load();
-        if ticket == 0 || !self.tickets.open(ticket, worker.clone()) {
+    /// Counts a request (and its estimated `work`) on `worker` until
+    /// `ticket` is reported finished.
+    fn count(&self, worker: &Arc<Worker>, ticket: u64, work: u64) {
+        worker.start(work);
+        if ticket == 0 || !self.tickets.open(ticket, worker.clone(), work) {
             // No ticket to report the end with, or the end came first.
-            worker.decrement_load();
+            worker.finish(work);
         }
     }
 
@@ -370,8 +372,8 @@ impl Engine {
         if self.options.pd {
             self.prefill.finish(c.ticket);
         }
-        let worker = self.tickets.close(c.ticket)?;
-        worker.decrement_load();
+        let (worker, work) = self.tickets.close(c.ticket)?;
+        worker.finish(work);
         let failed_over = !c.upstream_host.is_empty() && c.upstream_host != worker.endpoint_text;
         self.metrics
             .finished(c.duration_us as f64 / 1e6, failed_over);

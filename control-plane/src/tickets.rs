@@ -17,8 +17,14 @@ use crate::workers::Worker;
 const TOMBSTONE_TTL: Duration = Duration::from_secs(60);
 
 enum Slot {
-    Open { worker: Arc<Worker>, since: Instant },
-    Ended { at: Instant },
+    Open {
+        worker: Arc<Worker>,
+        work: u64,
+        since: Instant,
+    },
+    Ended {
+        at: Instant,
+    },
 }
 
 /// The table of requests in flight.
@@ -28,14 +34,15 @@ pub struct Tickets {
 }
 
 impl Tickets {
-    /// Records that `ticket` counts as load on `worker` (the caller has
-    /// incremented it). Returns false when the request had already ended; the
-    /// caller then releases the load at once.
-    pub fn open(&self, ticket: u64, worker: Arc<Worker>) -> bool {
+    /// Records that `ticket` counts as load (and `work`) on `worker` (the
+    /// caller has started it there). Returns false when the request had
+    /// already ended; the caller then releases it at once.
+    pub fn open(&self, ticket: u64, worker: Arc<Worker>, work: u64) -> bool {
         match self.slots.entry(ticket) {
             Entry::Vacant(v) => {
                 v.insert(Slot::Open {
                     worker,
+                    work,
                     since: Instant::now(),
                 });
                 true
@@ -49,11 +56,16 @@ impl Tickets {
                 // than leak it.
                 Slot::Open { .. } => {
                     let mut o = o;
-                    if let Slot::Open { worker: old, .. } = o.insert(Slot::Open {
+                    if let Slot::Open {
+                        worker: old,
+                        work: old_work,
+                        ..
+                    } = o.insert(Slot::Open {
                         worker,
+                        work,
                         since: Instant::now(),
                     }) {
-                        old.decrement_load();
+                        old.finish(old_work);
                     }
                     true
                 }
@@ -61,12 +73,12 @@ impl Tickets {
         }
     }
 
-    /// Ends `ticket`; returns the worker whose load the caller must release.
-    pub fn close(&self, ticket: u64) -> Option<Arc<Worker>> {
+    /// Ends `ticket`; returns the worker (and the work) the caller must release.
+    pub fn close(&self, ticket: u64) -> Option<(Arc<Worker>, u64)> {
         match self.slots.entry(ticket) {
             Entry::Occupied(o) => match o.get() {
                 Slot::Open { .. } => match o.remove() {
-                    Slot::Open { worker, .. } => Some(worker),
+                    Slot::Open { worker, work, .. } => Some((worker, work)),
                     Slot::Ended { .. } => None,
                 },
                 Slot::Ended { .. } => None,
@@ -84,10 +96,14 @@ impl Tickets {
         let now = Instant::now();
         let mut released = 0;
         self.slots.retain(|_, slot| match slot {
-            Slot::Open { worker, since } => {
+            Slot::Open {
+                worker,
+                work,
+                since,
+            } => {
                 let keep = now.duration_since(*since) < timeout;
                 if !keep {
-                    worker.decrement_load();
+                    worker.finish(*work);
                     released += 1;
                 }
                 keep
@@ -115,9 +131,12 @@ mod tests {
     fn open_then_close_returns_worker_once() {
         let t = Tickets::default();
         let w = workers(1).remove(0);
-        assert!(t.open(7, w.clone()));
+        assert!(t.open(7, w.clone(), 5));
         assert_eq!(t.open_count(), 1);
-        assert_eq!(t.close(7).map(|w| w.url.clone()), Some(w.url.clone()));
+        assert_eq!(
+            t.close(7).map(|(w, work)| (w.url.clone(), work)),
+            Some((w.url.clone(), 5))
+        );
         assert!(t.close(7).is_none());
         assert_eq!(t.open_count(), 0);
     }
@@ -127,7 +146,7 @@ mod tests {
         let t = Tickets::default();
         let w = workers(1).remove(0);
         assert!(t.close(9).is_none());
-        assert!(!t.open(9, w), "decision after the end must be refused");
+        assert!(!t.open(9, w, 0), "decision after the end must be refused");
         assert_eq!(t.open_count(), 0);
     }
 
@@ -135,10 +154,10 @@ mod tests {
     fn reap_releases_stale_requests() {
         let t = Tickets::default();
         let w = workers(1).remove(0);
-        w.increment_load();
-        assert!(t.open(1, w.clone()));
+        w.start(40);
+        assert!(t.open(1, w.clone(), 40));
         assert_eq!(t.reap(Duration::from_secs(3600)), 0);
         assert_eq!(t.reap(Duration::ZERO), 1);
-        assert_eq!(w.load(), 0);
+        assert_eq!((w.load(), w.pending_work()), (0, 0));
     }
 }

@@ -23,6 +23,8 @@ pub struct PrefillJob {
     pub body: Vec<u8>,
     /// Return the prefill's `meta_info.input_token_logprobs`.
     pub want_logprobs: bool,
+    /// The policy's estimate of its prefill work.
+    pub work: u64,
 }
 
 /// Sends the prefill half of PD requests and keeps each one's outcome until
@@ -41,11 +43,11 @@ struct Pending {
 
 /// Holds a prefill unit's load for as long as its request runs, including
 /// when the task is aborted (client gone) or panics.
-struct LoadGuard(Arc<Worker>);
+struct LoadGuard(Arc<Worker>, u64);
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
-        self.0.decrement_load();
+        self.0.finish(self.1);
     }
 }
 
@@ -62,8 +64,8 @@ impl PrefillDispatcher {
     /// Starts the prefill request for `ticket`. Must run inside a tokio
     /// runtime.
     pub fn dispatch(&self, ticket: u64, job: PrefillJob) {
-        job.worker.increment_load();
-        let guard = LoadGuard(job.worker.clone());
+        job.worker.start(job.work);
+        let guard = LoadGuard(job.worker.clone(), job.work);
         let (tx, rx) = watch::channel(None);
         let client = self.client.clone();
         let metrics = self.metrics.clone();

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use super::{least_loaded, CacheOutcome, Policy, RouteInput, Selection};
+use super::{least_loaded, matched_lens, CacheOutcome, Policy, RouteInput, Selection};
 use crate::config::Args;
 use crate::tree::Tree;
 use crate::workers::Worker;
@@ -73,15 +73,11 @@ impl CacheAware {
                 CacheOutcome::Imbalanced,
             );
         }
-        let matched = self.tree.match_prefix(text);
-        let best = workers
-            .iter()
-            .map(|w| matched.len_for(w.tenant))
-            .max()
-            .unwrap_or(0);
+        let matched = matched_lens(&self.tree.match_prefix(text), workers);
+        let best = matched.iter().copied().max().unwrap_or(0);
         let rate = best as f32 / text.len() as f32;
         if best > 0 && rate > self.config.cache_threshold {
-            let index = least_loaded(workers, |i| matched.len_for(workers[i].tenant) == best);
+            let index = least_loaded(workers, |i| matched[i] == best);
             return (index.unwrap_or(0), CacheOutcome::Hit);
         }
         let sizes: Vec<usize> = workers
@@ -106,7 +102,11 @@ impl Policy for CacheAware {
                 self.tree.insert(input.text, w.tenant);
             }
         }
-        Selection { index, cache }
+        Selection {
+            index,
+            cache,
+            work: 0,
+        }
     }
 
     fn on_removed(&self, worker: &Worker) {

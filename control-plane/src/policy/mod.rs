@@ -2,6 +2,7 @@
 //! choose one worker.
 
 mod cache_aware;
+mod cost_aware;
 mod power_of_two;
 mod random;
 mod round_robin;
@@ -9,11 +10,13 @@ mod round_robin;
 use std::sync::Arc;
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use cost_aware::{CostAware, CostAwareConfig};
 pub use power_of_two::PowerOfTwo;
 pub use random::Random;
 pub use round_robin::RoundRobin;
 
 use crate::config::{Args, PolicyKind};
+use crate::tree::{PrefixMatch, TenantId};
 use crate::workers::Worker;
 
 /// What a policy knows about one request.
@@ -43,6 +46,9 @@ pub struct Selection {
     pub index: usize,
     /// How it was chosen.
     pub cache: CacheOutcome,
+    /// Estimated prefill work the request adds to the chosen worker (bytes
+    /// of the prompt it does not hold); 0 for policies that do not estimate.
+    pub work: u64,
 }
 
 /// A routing policy. `select` is called on the request path for every
@@ -66,7 +72,22 @@ pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
         PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
         PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
         PolicyKind::CacheAware => Arc::new(CacheAware::new(CacheAwareConfig::from(args))),
+        PolicyKind::CostAware => Arc::new(CostAware::new(CostAwareConfig::from(args))),
     }
+}
+
+/// For each worker, the bytes of the request its tenant holds, in one pass
+/// over the match (sorted by tenant) instead of a scan per worker.
+pub(crate) fn matched_lens(matched: &PrefixMatch, workers: &[Arc<Worker>]) -> Vec<usize> {
+    let mut held: Vec<(TenantId, usize)> = matched.iter().collect();
+    held.sort_unstable_by_key(|(t, _)| *t);
+    workers
+        .iter()
+        .map(|w| {
+            held.binary_search_by_key(&w.tenant, |(t, _)| *t)
+                .map_or(0, |i| held[i].1)
+        })
+        .collect()
 }
 
 /// The index of the least loaded worker among those `keep` accepts; ties

@@ -31,6 +31,7 @@ impl Policy for PowerOfTwo {
         Selection {
             index,
             cache: CacheOutcome::NotApplicable,
+            work: 0,
         }
     }
 }

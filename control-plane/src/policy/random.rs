@@ -15,6 +15,7 @@ impl Policy for Random {
         Selection {
             index: rand::random_range(0..workers.len()),
             cache: CacheOutcome::NotApplicable,
+            work: 0,
         }
     }
 }

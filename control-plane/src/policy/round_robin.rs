@@ -19,6 +19,7 @@ impl Policy for RoundRobin {
         Selection {
             index: self.next.fetch_add(1, Ordering::Relaxed) % workers.len(),
             cache: CacheOutcome::NotApplicable,
+            work: 0,
         }
     }
 }

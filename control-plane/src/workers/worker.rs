@@ -1,5 +1,5 @@
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::tree::TenantId;
@@ -79,6 +79,9 @@ pub struct Worker {
     /// This unit's tenant in the approximate radix tree.
     pub tenant: TenantId,
     load: AtomicUsize,
+    /// Estimated prefill work (uncached prompt bytes) of the requests in
+    /// flight, for policies that weigh queues by work rather than count.
+    work: AtomicU64,
     health: Arc<Health>,
     processed: AtomicUsize,
 }
@@ -107,6 +110,7 @@ impl Worker {
             dp_rank,
             tenant,
             load: AtomicUsize::new(0),
+            work: AtomicU64::new(0),
             health,
             processed: AtomicUsize::new(0),
         }
@@ -133,6 +137,27 @@ impl Worker {
             .load
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| l.checked_sub(1));
         self.processed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request in flight with `work` bytes of estimated prefill.
+    pub fn start(&self, work: u64) {
+        self.increment_load();
+        self.work.fetch_add(work, Ordering::Relaxed);
+    }
+
+    /// Counts a request started with `work` as finished.
+    pub fn finish(&self, work: u64) {
+        self.decrement_load();
+        let _ = self
+            .work
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                Some(w.saturating_sub(work))
+            });
+    }
+
+    /// Estimated prefill work of the requests in flight.
+    pub fn pending_work(&self) -> u64 {
+        self.work.load(Ordering::Relaxed)
     }
 
     /// Requests this worker finished since it was added.

@@ -45,7 +45,13 @@ async fn shared_prefix_requests_stick_to_one_worker() {
 
 #[tokio::test]
 async fn distinct_prompts_use_every_worker_under_every_policy() {
-    for policy in ["cache_aware", "round_robin", "random", "power_of_two"] {
+    for policy in [
+        "cache_aware",
+        "cost_aware",
+        "round_robin",
+        "random",
+        "power_of_two",
+    ] {
         let stack = Stack::start(StackOptions {
             workers: 3,
             policy: policy.into(),

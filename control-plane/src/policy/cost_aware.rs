@@ -1,0 +1,182 @@
+use std::sync::Arc;
+
+use super::{least_loaded, matched_lens, CacheOutcome, Policy, RouteInput, Selection};
+use crate::config::Args;
+use crate::tree::Tree;
+use crate::workers::Worker;
+
+/// Tuning of the cost-aware policy.
+#[derive(Debug, Clone, Copy)]
+pub struct CostAwareConfig {
+    /// Cost of one request in flight beyond its prefill (decode slots,
+    /// batching), in prompt bytes.
+    pub per_request_cost: u64,
+    /// Per-worker tree size kept by eviction.
+    pub max_tree_size: usize,
+}
+
+impl From<&Args> for CostAwareConfig {
+    fn from(a: &Args) -> Self {
+        CostAwareConfig {
+            per_request_cost: a.cost_per_request,
+            max_tree_size: a.max_tree_size,
+        }
+    }
+}
+
+/// Chooses the worker where the request is expected to start soonest.
+///
+/// sglang-router's `cache_aware` switches between two modes on thresholds:
+/// follow the longest prefix match (if it covers 30% of the prompt), else
+/// the smallest tree, unless loads differ by more than 64 requests, then the
+/// shortest queue. A long system prompt shared by everyone sends every
+/// request to one worker until that absolute threshold trips.
+///
+/// This policy instead prices each worker in one unit, prompt bytes of
+/// prefill: the part of this prompt the worker does not hold (its cost to
+/// prefill here) plus the prefill work already queued on it (the uncached
+/// bytes of its requests in flight) plus a small cost per request in
+/// flight. The cheapest worker wins. A worker holding the prefix wins while
+/// its queue is shorter than the prefill the prefix saves; once its queue
+/// costs more than prefilling from scratch elsewhere, the request goes to
+/// another worker, which then holds the prefix too, so hot prefixes get
+/// replicated exactly as far as load requires. Ties go to the less loaded
+/// worker, then at random.
+pub struct CostAware {
+    config: CostAwareConfig,
+    tree: Tree,
+}
+
+impl CostAware {
+    /// A policy with an empty tree.
+    pub fn new(config: CostAwareConfig) -> Self {
+        CostAware {
+            config,
+            tree: Tree::new(),
+        }
+    }
+
+    fn cost(&self, w: &Worker, uncached: u64) -> u64 {
+        uncached
+            .saturating_add(w.pending_work())
+            .saturating_add(w.load() as u64 * self.config.per_request_cost)
+    }
+}
+
+impl Policy for CostAware {
+    fn name(&self) -> &'static str {
+        "cost_aware"
+    }
+
+    fn select(&self, workers: &[Arc<Worker>], input: &RouteInput<'_>) -> Selection {
+        let text = input.text;
+        let len = text.len() as u64;
+        let matched = if text.is_empty() {
+            vec![0; workers.len()]
+        } else {
+            matched_lens(&self.tree.match_prefix(text), workers)
+        };
+        let costs: Vec<u64> = workers
+            .iter()
+            .zip(&matched)
+            .map(|(w, &m)| self.cost(w, len.saturating_sub(m as u64)))
+            .collect();
+        let cheapest = costs.iter().copied().min().unwrap_or(0);
+        let index = least_loaded(workers, |i| costs[i] == cheapest).unwrap_or(0);
+        let held = matched.get(index).copied().unwrap_or(0);
+        if !text.is_empty() {
+            if let Some(w) = workers.get(index) {
+                self.tree.insert(text, w.tenant);
+            }
+        }
+        Selection {
+            index,
+            cache: if held > 0 {
+                CacheOutcome::Hit
+            } else {
+                CacheOutcome::Miss
+            },
+            work: len.saturating_sub(held as u64),
+        }
+    }
+
+    fn on_removed(&self, worker: &Worker) {
+        self.tree.remove_tenant(worker.tenant);
+    }
+
+    fn maintain(&self, registered: &[Arc<Worker>]) {
+        for (tenant, _) in self.tree.tenant_sizes() {
+            if !registered.iter().any(|w| w.tenant == tenant) {
+                self.tree.remove_tenant(tenant);
+            }
+        }
+        self.tree.evict_to(self.config.max_tree_size);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::test_support::workers;
+
+    fn policy() -> CostAware {
+        CostAware::new(CostAwareConfig {
+            per_request_cost: 0,
+            max_tree_size: 1 << 20,
+        })
+    }
+
+    fn pick(p: &CostAware, ws: &[Arc<Worker>], text: &str) -> Selection {
+        let s = p.select(
+            ws,
+            &RouteInput {
+                text: text.as_bytes(),
+            },
+        );
+        ws[s.index].start(s.work);
+        s
+    }
+
+    #[test]
+    fn distinct_prompts_spread_and_count_their_work() {
+        let p = policy();
+        let ws = workers(3);
+        let mut used = [0; 3];
+        for i in 0..3 {
+            let prompt = format!("{i} some unrelated prompt");
+            let s = pick(&p, &ws, &prompt);
+            assert_eq!(s.cache, CacheOutcome::Miss);
+            assert_eq!(s.work, prompt.len() as u64);
+            used[s.index] += 1;
+        }
+        assert_eq!(used, [1, 1, 1]);
+    }
+
+    #[test]
+    fn a_shared_prefix_stays_while_its_queue_is_cheaper_then_replicates() {
+        let p = policy();
+        let ws = workers(2);
+        let system = "S".repeat(1000);
+        let first = pick(&p, &ws, &format!("{system} q00"));
+        let holder = first.index;
+        ws[holder].finish(first.work);
+        // The holder prefills only the tail, so it takes the follow-ups
+        // even with several of them in flight.
+        for i in 1..10 {
+            let s = pick(&p, &ws, &format!("{system} q{i:02}"));
+            assert_eq!(s.index, holder, "follow-up {i}");
+            assert_eq!(s.cache, CacheOutcome::Hit);
+            assert!(s.work <= 3, "only the tail is new: {}", s.work);
+        }
+        // A long prefill queued on the holder costs more than prefilling the
+        // whole prompt elsewhere: the prefix replicates to the other worker.
+        ws[holder].start(5000);
+        let moved = pick(&p, &ws, &format!("{system} q10"));
+        assert_ne!(moved.index, holder);
+        assert_eq!(moved.work, 1004, "the other worker prefills it all");
+        // From now on both hold it: the next one is cheap on the other too.
+        let next = pick(&p, &ws, &format!("{system} q11"));
+        assert_eq!(next.index, moved.index);
+        assert!(next.work <= 3);
+    }
+}
