@@ -1,0 +1,155 @@
+//! Property test over the control plane's request handling: whatever a
+//! filter (or a client through it) sends — any path, method, body bytes and
+//! routing text, in regular and PD mode, with or without DP ranks — the
+//! engine answers with a decision or a client-error/unavailable rejection,
+//! never panics, and once every request is reported finished all loads and
+//! queued work are back to zero.
+//!
+//! `PROPTEST_CASES` raises the number of cases for a long run.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
+use sglang_envoy_control_plane::metrics::Metrics;
+use sglang_envoy_control_plane::policy::{
+    CacheAware, CacheAwareConfig, CostAware, CostAwareConfig, Policy,
+};
+use sglang_envoy_control_plane::workers::{Registry, Role, WorkerAddress, WorkerSpec};
+use sglang_envoy_proto::{route_response, Completion, RouteRequest};
+
+fn engine(pd: bool, dp: Option<u32>, cost: bool) -> Engine {
+    let registry = Arc::new(Registry::default());
+    let specs: Vec<WorkerSpec> = if pd {
+        vec![
+            WorkerSpec {
+                role: Role::Prefill,
+                bootstrap_port: Some(9),
+            },
+            WorkerSpec {
+                role: Role::Decode,
+                bootstrap_port: None,
+            },
+        ]
+    } else {
+        vec![WorkerSpec::REGULAR, WorkerSpec::REGULAR]
+    };
+    for (i, spec) in specs.into_iter().enumerate() {
+        // Closed loopback ports: PD prefills fail fast, nothing leaves the host.
+        let port = 9 + i as u16;
+        let units = registry
+            .add(
+                WorkerAddress {
+                    url: format!("http://127.0.0.1:{port}"),
+                    host: "127.0.0.1".into(),
+                    endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
+                },
+                spec,
+                dp,
+            )
+            .unwrap();
+        registry.set_healthy(&units[0], true);
+    }
+    let policy: Arc<dyn Policy> = if cost {
+        Arc::new(CostAware::new(CostAwareConfig {
+            per_request_cost: 32,
+            max_tree_size: 1 << 16,
+        }))
+    } else {
+        Arc::new(CacheAware::new(CacheAwareConfig {
+            cache_threshold: 0.3,
+            balance_abs_threshold: 4,
+            balance_rel_threshold: 1.5,
+            max_tree_size: 1 << 16,
+        }))
+    };
+    Engine::new(
+        registry,
+        Policies::same(policy),
+        Arc::new(Metrics::default()),
+        EngineOptions {
+            pd,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn path() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("/generate".to_string()),
+        Just("/v1/chat/completions".to_string()),
+        Just("/v1/completions?x=1".to_string()),
+        Just("/v1/embeddings".to_string()),
+        Just("/v1/models".to_string()),
+        Just("/get_server_info".to_string()),
+        "/[a-z_/@:%.?=]{0,24}",
+    ]
+}
+
+fn body() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..64),
+        Just(br#"{"text":"hello"}"#.to_vec()),
+        Just(br#"{"text":["a","b"],"rid":"x"}"#.to_vec()),
+        Just(br#"{"messages":[],"n":3,"stream":true}"#.to_vec()),
+        Just(br#"{"prompt":["a",["b"]],"return_logprob":true}"#.to_vec()),
+        Just(br#"{"input_ids":[[1,2],[3]],"bootstrap_room":5}"#.to_vec()),
+        "\\{\"[a-z]{1,6}\":(\\[|\\{|\"|[0-9]){0,3}[^}]{0,12}\\}".prop_map(String::into_bytes),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn any_request_gets_an_answer_and_loads_return_to_zero(
+        pd in any::<bool>(),
+        dp in prop_oneof![Just(None), (1u32..4).prop_map(Some)],
+        cost in any::<bool>(),
+        requests in proptest::collection::vec(
+            (path(), prop_oneof![Just("POST"), Just("GET"), Just("PUT")], body(),
+             proptest::collection::vec(any::<u8>(), 0..48)),
+            1..12,
+        ),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let e = engine(pd, dp, cost);
+            for (i, (path, method, body, text)) in requests.into_iter().enumerate() {
+                let ticket = i as u64 + 1;
+                let r = e.route(&RouteRequest {
+                    path,
+                    method: method.to_string(),
+                    routing_text: text,
+                    body_bytes: body.len() as u64,
+                    body,
+                    ticket,
+                    ..Default::default()
+                });
+                match r.outcome {
+                    Some(route_response::Outcome::Decision(d)) => {
+                        prop_assert!(!d.endpoints.is_empty());
+                        if d.await_prefill {
+                            let outcome = e.await_prefill(ticket).await;
+                            prop_assert!(!outcome.ok, "closed port cannot prefill");
+                        }
+                    }
+                    Some(route_response::Outcome::Rejection(rej)) => {
+                        prop_assert!(
+                            [400, 404, 503].contains(&rej.http_status),
+                            "unexpected status {}", rej.http_status
+                        );
+                    }
+                    Some(route_response::Outcome::NeedBody(_)) => prop_assert!(pd),
+                    None => prop_assert!(false, "no outcome"),
+                }
+                e.complete(&Completion { ticket, http_status: 200, ..Default::default() });
+            }
+            for w in e.registry().all().iter() {
+                prop_assert_eq!(w.load(), 0, "{} still loaded", w.url);
+                prop_assert_eq!(w.pending_work(), 0, "{} still has work", w.url);
+            }
+            prop_assert_eq!(e.in_flight(), 0);
+            Ok(())
+        })?;
+    }
+}
