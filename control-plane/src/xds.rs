@@ -39,14 +39,20 @@ impl Eds {
     }
 }
 
+/// The cluster of prefill workers; every other cluster name gets the
+/// servers Envoy sends requests to.
+pub const PREFILL_CLUSTER: &str = "sglang_prefill_workers";
+
 fn assignment(registry: &Registry, cluster: &str) -> ClusterLoadAssignment {
     let all = registry.all();
-    // Envoy only talks to regular and decode servers (the control plane sends
-    // the prefill half itself), once per server however many DP ranks it has.
+    // Envoy sends requests to regular and decode servers; prefill servers only
+    // during a control-plane outage, from their own cluster. Each server once,
+    // however many DP ranks it has.
+    let prefill = cluster == PREFILL_CLUSTER;
     let mut seen = std::collections::HashSet::new();
     let lb_endpoints = all
         .iter()
-        .filter(|w| w.role() != Role::Prefill && seen.insert(w.endpoint))
+        .filter(|w| (w.role() == Role::Prefill) == prefill && seen.insert(w.endpoint))
         .map(|w| LbEndpoint {
             host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
                 address: Some(Address {
@@ -211,5 +217,7 @@ mod tests {
             })
             .collect();
         assert_eq!(ports, [7001, 7002]);
+        let prefill = assignment(&r, PREFILL_CLUSTER);
+        assert_eq!(prefill.endpoints[0].lb_endpoints.len(), 1);
     }
 }

@@ -17,6 +17,8 @@ pub struct FilterConfig {
     pub endpoint_header: String,
     /// PD mode: longest wait for the prefill half before the client gets 503.
     pub prefill_timeout_ms: u64,
+    /// Envoy cluster of the prefill workers (PD outage fallback only).
+    pub prefill_cluster: String,
     /// How often the list of healthy workers is fetched for the fallback.
     pub workers_refresh_ms: u64,
     /// A worker list older than this is not used for the fallback.
@@ -39,6 +41,7 @@ impl Default for FilterConfig {
             report_interval_ms: 20,
             endpoint_header: "x-gateway-destination-endpoint".into(),
             prefill_timeout_ms: 1_800_000,
+            prefill_cluster: "sglang_prefill_workers".into(),
             workers_refresh_ms: 1000,
             fallback_max_age_ms: 300_000,
             fallback_retries: 2,

@@ -2,7 +2,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
-use sglang_envoy_proto::WorkersSnapshot;
+use sglang_envoy_proto::{PrefillEndpoint, WorkersSnapshot};
 
 /// What the filter knows to keep routing while the control plane is
 /// unreachable: the last list of healthy workers it published, refreshed
@@ -21,6 +21,8 @@ struct Inner {
 pub struct LocalChoice {
     /// The chosen endpoint first, then the others to retry on.
     pub endpoints: Vec<String>,
+    /// PD mode: the prefill worker the filter must send the prefill half to.
+    pub prefill: Option<PrefillEndpoint>,
 }
 
 impl Fallback {
@@ -29,9 +31,8 @@ impl Fallback {
         *self.0.snapshot.borrow_mut() = Some((now, snapshot));
     }
 
-    /// Round robin over the last known healthy servers, if that list is
-    /// younger than `max_age` and the fleet is regular (a PD pair needs the
-    /// control plane's prefill half, which a local choice cannot send).
+    /// Round robin over the last known healthy servers (and, in PD mode,
+    /// prefill servers), if that list is younger than `max_age`.
     pub fn choose(
         &self,
         now: SystemTime,
@@ -41,16 +42,22 @@ impl Fallback {
         let guard = self.0.snapshot.borrow();
         let (at, snapshot) = guard.as_ref()?;
         let age = now.duration_since(*at).unwrap_or_default();
-        if age > max_age || snapshot.pd || snapshot.serving.is_empty() {
+        if age > max_age || snapshot.serving.is_empty() {
             return None;
         }
+        if snapshot.pd && snapshot.prefill.is_empty() {
+            return None;
+        }
+        let turn = self.0.turn.get();
+        self.0.turn.set(turn.wrapping_add(1));
         let n = snapshot.serving.len();
-        let first = self.0.turn.get() % n;
-        self.0.turn.set(first.wrapping_add(1));
         let endpoints = (0..n.min(retries + 1))
-            .map(|i| snapshot.serving[(first + i) % n].clone())
+            .map(|i| snapshot.serving[(turn + i) % n].clone())
             .collect();
-        Some(LocalChoice { endpoints })
+        let prefill = snapshot
+            .pd
+            .then(|| snapshot.prefill[turn % snapshot.prefill.len()].clone());
+        Some(LocalChoice { endpoints, prefill })
     }
 }
 
@@ -81,6 +88,16 @@ mod tests {
         let later = t0 + Duration::from_secs(61);
         assert_eq!(f.choose(later, age, 2), None, "too old to trust");
         f.update(t0, snapshot(&["a:1"], true));
-        assert_eq!(f.choose(t0, age, 2), None, "PD needs the control plane");
+        assert_eq!(f.choose(t0, age, 2), None, "PD without prefill workers");
+        let mut pd = snapshot(&["d:1", "d:2"], true);
+        pd.prefill = vec![PrefillEndpoint {
+            endpoint: "p:1".into(),
+            host: "p".into(),
+            bootstrap_port: 8998,
+        }];
+        f.update(t0, pd);
+        let c = f.choose(t0, age, 0).unwrap();
+        assert_eq!(c.endpoints.len(), 1);
+        assert_eq!(c.prefill.map(|p| p.endpoint), Some("p:1".to_string()));
     }
 }

@@ -6,12 +6,13 @@ use log::{debug, warn};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
+use sglang_envoy_body::pd::{as_pairs, pd_fields, wants_input_logprobs, Bootstrap};
 use sglang_envoy_body::{
     is_info_path, merge_first_sse_event, merge_input_logprobs, RequestBody, Route, SseMerge,
 };
 use sglang_envoy_proto::{
-    route_response, Completion, Decision, Header, PrefillOutcome, PrefillWait, RouteRequest,
-    RouteResponse, SERVICE_NAME,
+    route_response, Completion, Decision, Header, PrefillEndpoint, PrefillOutcome, PrefillWait,
+    RouteRequest, RouteResponse, SERVICE_NAME,
 };
 
 use crate::completions::CompletionQueue;
@@ -55,6 +56,8 @@ pub struct Request {
     question: Option<RouteRequest>,
     /// The outstanding `AwaitPrefill` call.
     prefill_call: Option<u32>,
+    /// Outage fallback in PD mode: the prefill request the filter sent itself.
+    prefill_http: Option<u32>,
     prefill: Prefill,
     /// Merge the prefill's input logprobs into the answer.
     merge_logprobs: bool,
@@ -90,6 +93,7 @@ impl Request {
             response_done: false,
             question: None,
             prefill_call: None,
+            prefill_http: None,
             prefill: Prefill::None,
             merge_logprobs: false,
             response_paused: false,
@@ -177,6 +181,12 @@ impl Request {
         else {
             return false;
         };
+        if let Some(prefill) = &choice.prefill {
+            if let Err(e) = self.send_prefill_locally(prefill) {
+                warn!("local PD fallback impossible: {e}");
+                return false;
+            }
+        }
         let endpoints = choice.endpoints.join(",");
         warn!(
             "control plane unavailable; {} -> {endpoints} (local fallback)",
@@ -184,6 +194,62 @@ impl Request {
         );
         self.set_http_request_header(&self.config.endpoint_header, Some(&endpoints));
         true
+    }
+
+    /// PD mode without the control plane: writes the bootstrap fields into
+    /// both halves itself, sends the prefill half to `prefill` through
+    /// Envoy's prefill cluster, and leaves the decode half in the request.
+    fn send_prefill_locally(&mut self, prefill: &PrefillEndpoint) -> Result<(), String> {
+        let Some(route) = self.route else {
+            return Ok(()); // info GETs need no prefill
+        };
+        let len = self.question.as_ref().map_or(0, |q| q.body_bytes as usize);
+        let body = self.get_http_request_body(0, len).unwrap_or_default();
+        let parsed = RequestBody::parse(&body).map_err(|e| e.to_string())?;
+        let bootstrap = Bootstrap {
+            host: &prefill.host,
+            port: u16::try_from(prefill.bootstrap_port)
+                .ok()
+                .filter(|p| *p > 0),
+            prefill_rank: None,
+            decode_rank: None,
+        };
+        let fields = pd_fields(route, &parsed, &bootstrap, || local_rid(route), random_u64);
+        let prefill_body = parsed
+            .with_fields(&as_pairs(&fields.prefill))
+            .map_err(|e| e.to_string())?;
+        let decode_body = parsed
+            .with_fields(&as_pairs(&fields.decode))
+            .map_err(|e| e.to_string())?;
+        let client_headers = self.get_http_request_headers();
+        let mut headers: Vec<(&str, &str)> = vec![
+            (":method", "POST"),
+            (":path", &self.path),
+            (":authority", &prefill.endpoint),
+            ("content-type", "application/json"),
+            (&self.config.endpoint_header, &prefill.endpoint),
+        ];
+        headers.extend(
+            client_headers
+                .iter()
+                .filter(|(name, _)| forwardable(name, &self.config.endpoint_header))
+                .map(|(n, v)| (n.as_str(), v.as_str())),
+        );
+        let token = self
+            .dispatch_http_call(
+                &self.config.prefill_cluster,
+                headers,
+                Some(&prefill_body),
+                vec![],
+                Duration::from_millis(self.config.prefill_timeout_ms),
+            )
+            .map_err(|s| format!("cannot send the prefill: {s:?}"))?;
+        self.prefill_http = Some(token);
+        self.prefill = Prefill::Pending;
+        self.merge_logprobs = wants_input_logprobs(route, &parsed);
+        self.set_http_request_body(0, body.len(), &decode_body);
+        self.set_http_request_header("content-length", Some(&decode_body.len().to_string()));
+        Ok(())
     }
 
     /// Applies a decision: injected body fields, then the worker endpoints.
@@ -329,6 +395,50 @@ impl Request {
 }
 
 impl Context for Request {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        if self.prefill_http != Some(token) {
+            return;
+        }
+        self.prefill_http = None;
+        let status = self
+            .get_http_call_response_header(":status")
+            .and_then(|s| s.parse::<u32>().ok())
+            .unwrap_or(0);
+        let outcome = if (200..300).contains(&status) {
+            let logprobs = if self.merge_logprobs {
+                self.get_http_call_response_body(0, body_size)
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .and_then(|v| {
+                        v.pointer("/meta_info/input_token_logprobs")
+                            .map(|l| l.to_string())
+                    })
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            };
+            PrefillOutcome {
+                ok: true,
+                http_status: status,
+                input_token_logprobs: logprobs,
+                ..Default::default()
+            }
+        } else {
+            PrefillOutcome {
+                http_status: if status == 0 { 502 } else { status },
+                message: format!("prefill worker failed (status {status}) while the control plane was unavailable"),
+                error_type: "prefill_failed".into(),
+                ..Default::default()
+            }
+        };
+        self.prefill_ended(outcome);
+    }
+
     fn on_grpc_call_response(&mut self, token: u32, status_code: u32, size: usize) {
         if self.prefill_call == Some(token) {
             self.prefill_call = None;
@@ -343,12 +453,13 @@ impl Context for Request {
                     ..Default::default()
                 })
             } else {
+                // The control plane went away mid-request: whether its
+                // prefill finished is unknown. Let the decode answer through;
+                // if the KV never came, the decode worker's own wait times
+                // out and the client gets that error instead of a hang.
+                warn!("prefill outcome lost (grpc status {status_code}); passing the decode answer on");
                 PrefillOutcome {
-                    http_status: 503,
-                    message: format!(
-                        "the router's control plane did not report the prefill (grpc status {status_code})"
-                    ),
-                    error_type: "service_unavailable".into(),
+                    ok: true,
                     ..Default::default()
                 }
             };
@@ -556,6 +667,58 @@ impl HttpContext for Request {
             upstream_host,
             duration_us: self.elapsed_us(),
         });
+    }
+}
+
+/// Client headers worth passing to the prefill worker (not hop-by-hop,
+/// pseudo, length or routing headers).
+fn forwardable(name: &str, endpoint_header: &str) -> bool {
+    !(name.starts_with(':')
+        || name.starts_with("x-envoy-")
+        || name == endpoint_header
+        || matches!(
+            name,
+            "host"
+                | "content-length"
+                | "content-type"
+                | "transfer-encoding"
+                | "connection"
+                | "keep-alive"
+                | "te"
+                | "upgrade"
+                | "expect"
+        ))
+}
+
+/// A request id in sglang-router's format, with `envoy` where the router's
+/// address would be (the filter does not know it).
+fn local_rid(route: Route) -> String {
+    const ALPHANUMERIC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut bytes = [0u8; 24];
+    fill_random(&mut bytes);
+    let random: String = bytes
+        .iter()
+        .map(|b| ALPHANUMERIC[usize::from(*b) % ALPHANUMERIC.len()] as char)
+        .collect();
+    format!("{}{random}-envoy", route.rid_prefix())
+}
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    fill_random(&mut bytes);
+    u64::from_le_bytes(bytes)
+}
+
+fn fill_random(bytes: &mut [u8]) {
+    if getrandom::fill(bytes).is_err() {
+        // No entropy source: the clock still makes collisions unlikely.
+        let nanos = proxy_wasm::hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as u64);
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (nanos.rotate_left(i as u32 * 7) >> (i % 8)) as u8;
+        }
     }
 }
 

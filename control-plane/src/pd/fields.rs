@@ -1,63 +1,13 @@
-use serde_json::value::RawValue;
+use sglang_envoy_body::pd::{self, Bootstrap};
 use sglang_envoy_body::{RequestBody, Route};
 
 use crate::pd::RidSource;
 use crate::workers::Worker;
 
-/// The top-level fields (key, JSON text) written into the two halves of a
-/// PD request.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PdFields {
-    /// For the prefill worker's body.
-    pub prefill: Vec<(&'static str, String)>,
-    /// For the decode worker's body.
-    pub decode: Vec<(&'static str, String)>,
-}
+pub use sglang_envoy_body::pd::{batch_size, wants_input_logprobs, PdFields};
 
-/// How many requests one body stands for, when it is a batch: `/generate`
-/// with a list `text` or a list of token lists in `input_ids`; a completion
-/// with a list `prompt`; a chat completion with `n` > 1 (SGLang runs the
-/// samples as a batch, each needing its own bootstrap room).
-pub fn batch_size(route: Route, body: &RequestBody<'_>) -> Option<usize> {
-    let n = match route {
-        Route::Generate => array_len(body.get("text"), |_| true)
-            .or_else(|| array_len(body.get("input_ids"), |item| item.starts_with('['))),
-        Route::Completions => array_len(body.get("prompt"), |item| {
-            item.starts_with('"') || item.starts_with('[')
-        }),
-        Route::ChatCompletions => body
-            .get("n")
-            .and_then(|v| v.get().parse::<usize>().ok())
-            .filter(|n| *n > 1),
-        Route::Embeddings | Route::Rerank => None,
-    };
-    n.filter(|n| *n > 0)
-}
-
-/// The length of a JSON array whose first item passes `is_batch_item` (so a
-/// flat token list `[1, 2, 3]` is one prompt, not three).
-fn array_len(value: Option<&RawValue>, is_batch_item: impl Fn(&str) -> bool) -> Option<usize> {
-    let items: Vec<&RawValue> = serde_json::from_str(value?.get()).ok()?;
-    let first = items.first()?.get().trim_start();
-    is_batch_item(first).then_some(items.len())
-}
-
-/// True when a `/generate` body asks for logprobs, whose input part the
-/// prefill worker computes and the router merges into the decode answer.
-pub fn wants_input_logprobs(route: Route, body: &RequestBody<'_>) -> bool {
-    route == Route::Generate
-        && body
-            .get("return_logprob")
-            .is_some_and(|v| v.get().contains("true"))
-}
-
-/// The fields of one PD request, as sglang-router writes them: the same
-/// `rid` (unless the client sent one), `bootstrap_host`, `bootstrap_port`
-/// (null for a prefill registered with `none`) and random `bootstrap_room`
-/// in both halves, arrays of the batch size for a batch; the decode half
-/// always carries `data_parallel_rank` (the prefill's rank) and
-/// `data_parallel_rank_decode` (null when not DP-aware), the prefill half
-/// `data_parallel_rank` only when it has a rank.
+/// The fields of one PD request between `prefill` and `decode` (see
+/// [`sglang_envoy_body::pd::pd_fields`]): rids from `rids`, random rooms.
 pub fn pd_fields(
     route: Route,
     body: &RequestBody<'_>,
@@ -65,54 +15,13 @@ pub fn pd_fields(
     decode: &Worker,
     rids: &RidSource,
 ) -> PdFields {
-    let batch = batch_size(route, body);
-    let host = json_string(&prefill.host);
-    let port = prefill
-        .spec
-        .bootstrap_port
-        .map_or_else(|| "null".to_string(), |p| p.to_string());
-    let mut common: Vec<(&'static str, String)> = Vec::with_capacity(4);
-    if body.get("rid").is_none() {
-        let rid = match batch {
-            // SGLang wants one id per item of a native batch.
-            Some(n) if route == Route::Generate => {
-                json_array((0..n).map(|_| json_string(&rids.next(route))))
-            }
-            _ => json_string(&rids.next(route)),
-        };
-        common.push(("rid", rid));
-    }
-    match batch {
-        Some(n) => {
-            common.push(("bootstrap_host", json_array((0..n).map(|_| host.clone()))));
-            common.push(("bootstrap_port", json_array((0..n).map(|_| port.clone()))));
-            common.push((
-                "bootstrap_room",
-                json_array((0..n).map(|_| room().to_string())),
-            ));
-        }
-        None => {
-            common.push(("bootstrap_host", host));
-            common.push(("bootstrap_port", port));
-            common.push(("bootstrap_room", room().to_string()));
-        }
-    }
-    let mut fields = PdFields {
-        prefill: common.clone(),
-        decode: common,
+    let bootstrap = Bootstrap {
+        host: &prefill.host,
+        port: prefill.spec.bootstrap_port,
+        prefill_rank: prefill.dp_rank,
+        decode_rank: decode.dp_rank,
     };
-    if let Some(rank) = prefill.dp_rank {
-        fields
-            .prefill
-            .push(("data_parallel_rank", rank.to_string()));
-    }
-    fields
-        .decode
-        .push(("data_parallel_rank", rank_json(prefill.dp_rank)));
-    fields
-        .decode
-        .push(("data_parallel_rank_decode", rank_json(decode.dp_rank)));
-    fields
+    pd::pd_fields(route, body, &bootstrap, || rids.next(route), rand::random)
 }
 
 /// Regular mode: the rank of a DP-aware unit, nothing otherwise.
@@ -121,24 +30,6 @@ pub fn dp_fields(worker: &Worker) -> Vec<(&'static str, String)> {
         .dp_rank
         .map(|rank| vec![("data_parallel_rank", rank.to_string())])
         .unwrap_or_default()
-}
-
-/// A random room id in [0, 2^63 - 1], as sglang-router draws it.
-fn room() -> u64 {
-    rand::random::<u64>() & (i64::MAX as u64)
-}
-
-fn rank_json(rank: Option<u32>) -> String {
-    rank.map_or_else(|| "null".to_string(), |r| r.to_string())
-}
-
-fn json_string(s: &str) -> String {
-    serde_json::Value::from(s).to_string()
-}
-
-fn json_array(items: impl Iterator<Item = String>) -> String {
-    let items: Vec<String> = items.collect();
-    format!("[{}]", items.join(","))
 }
 
 #[cfg(test)]

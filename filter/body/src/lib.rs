@@ -11,6 +11,7 @@ mod error;
 mod logprobs;
 mod openai_error;
 mod parse;
+pub mod pd;
 mod route;
 mod text;
 

@@ -1,7 +1,9 @@
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 
 /// A child process killed when dropped; its output goes to a log file whose
 /// tail is printed if the test is failing.
@@ -58,10 +60,20 @@ impl Drop for Proc {
     }
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago and that this test process
+/// has not handed out before (between handing out and binding, a port is
+/// free, so two stacks starting in parallel could otherwise get the same).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
+    static ISSUED: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    for _ in 0..100 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(0);
+        let mut issued = ISSUED.lock().unwrap_or_else(|e| e.into_inner());
+        if port != 0 && issued.insert(port) {
+            return port;
+        }
+    }
+    0
 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use sglang_envoy_e2e::{expect_openai_error, wait_until, PdOptions, Stack, StackOptions};
+use sglang_envoy_e2e::{expect_openai_error, wait_until, Stack, StackOptions};
 
 async fn expect_error(r: reqwest::Response, status: u16, message_part: &str) {
     let message = expect_openai_error(r, status).await;
@@ -98,15 +98,28 @@ async fn no_healthy_worker_is_503_until_one_recovers() {
 }
 
 #[tokio::test]
-async fn control_plane_down_in_pd_mode_is_a_prompt_503() {
-    // A regular fleet keeps being served from the filter's worker list (see
-    // outage.rs); a PD pair needs the control plane's prefill half.
+async fn control_plane_down_with_no_healthy_worker_known_is_a_prompt_503() {
+    // With a worker list, the filter keeps routing through an outage (see
+    // outage.rs); with no healthy worker on it, the client gets a prompt 503.
     let mut stack = Stack::start(StackOptions {
-        pd: Some(PdOptions::default()),
+        workers: 1,
+        cp_args: vec!["--health-failure-threshold".into(), "1".into()],
         ..Default::default()
     })
     .await
     .unwrap();
+    stack.workers[0]
+        .configure(serde_json::json!({"healthy": false}))
+        .await;
+    let s = &stack;
+    assert!(
+        wait_until(Duration::from_secs(5), || async move {
+            s.post("/generate", r#"{"text":"x"}"#).await.status() == 503
+        })
+        .await
+    );
+    // Let the filter fetch the (now empty) worker list.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     stack.kill_control_plane();
     let started = Instant::now();
     let r = stack.post("/generate", r#"{"text":"x"}"#).await;

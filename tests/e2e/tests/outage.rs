@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use sglang_envoy_e2e::{SimWorker, Stack, StackOptions};
+use sglang_envoy_e2e::{PdOptions, SimWorker, Stack, StackOptions};
 
 #[tokio::test]
 async fn ten_seconds_without_the_control_plane_fail_no_request() {
@@ -120,4 +120,110 @@ async fn ten_seconds_without_the_control_plane_fail_no_request() {
     );
     let after = stack.get_json("/workers").await;
     assert_eq!(after["in_flight"], 0, "{after}");
+}
+
+/// Sends chat requests from `clients` tasks until `stop`; returns failures.
+fn load(
+    stack: &Stack,
+    clients: usize,
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<Vec<String>>> {
+    (0..clients)
+        .map(|c| {
+            let (url, stop, ok) = (stack.url("/v1/chat/completions"), stop.clone(), ok.clone());
+            tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let mut failures = Vec::new();
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let body = json!({
+                        "model": "m",
+                        "max_tokens": 3,
+                        "stream": i % 2 == 0,
+                        "messages": [{"role": "user", "content": format!("pd client {c} request {i}")}],
+                    });
+                    match client.post(&url).json(&body).send().await {
+                        Ok(r) if r.status() == 200 => {
+                            let text = r.text().await.unwrap_or_default();
+                            if text.contains("\"error\"") {
+                                failures.push(text);
+                            } else {
+                                ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Ok(r) => failures.push(format!("{}: {}", r.status(), r.text().await.unwrap_or_default())),
+                        Err(e) => failures.push(e.to_string()),
+                    }
+                }
+                failures
+            })
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
+    let mut stack = Stack::start(StackOptions {
+        pd: Some(PdOptions {
+            prefills: 2,
+            decodes: 1,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let clients = load(&stack, 3, stop.clone(), ok.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stack.kill_control_plane();
+    let before = ok.load(Ordering::Relaxed);
+    let fetched_before = stack.decodes[0].stats().await["kv_fetched"]
+        .as_u64()
+        .unwrap_or(0);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let during = ok.load(Ordering::Relaxed) - before;
+    let fetched_during = stack.decodes[0].stats().await["kv_fetched"]
+        .as_u64()
+        .unwrap_or(0)
+        - fetched_before;
+    stack.restart_control_plane().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut failures = Vec::new();
+    for c in clients {
+        failures.extend(c.await.unwrap());
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    assert!(during > 10, "only {during} served during the outage");
+    assert!(
+        fetched_during >= during,
+        "every answer needed a KV handshake: {fetched_during} < {during}"
+    );
+    // The filter built the bootstrap fields itself meanwhile.
+    let local = stack.prefills[0]
+        .requests()
+        .await
+        .iter()
+        .chain(stack.prefills[1].requests().await.iter())
+        .filter(|r| r["body"].as_str().is_some_and(|b| b.contains("-envoy\"")))
+        .count();
+    assert!(
+        local > 0,
+        "no prefill request came from the filter's fallback"
+    );
+    assert!(
+        stack.wait_loads_zero(Duration::from_secs(5)).await,
+        "{:?}",
+        stack.loads().await
+    );
 }
