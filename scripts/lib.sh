@@ -47,12 +47,11 @@ build_all() {
 }
 
 # render_envoy_config OUT LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CP_HOST CP_GRPC_PORT CP_ADMIN_PORT
+# envoy/render.sh fills the template; docker-compose.yml's Envoy runs it too.
 render_envoy_config() {
-  sed -e "s|{{LISTEN_HOST}}|$2|g" -e "s|{{LISTEN_PORT}}|$3|g" \
-      -e "s|{{ENVOY_ADMIN_PORT}}|$4|g" -e "s|{{CONTROL_PLANE_HOST}}|$5|g" \
-      -e "s|{{CONTROL_PLANE_GRPC_PORT}}|$6|g" -e "s|{{CONTROL_PLANE_ADMIN_PORT}}|$7|g" \
-      -e "s|{{MAX_BODY_BYTES}}|${MAX_BODY_BYTES:-33554432}|g" -e "s|{{FILTER_WASM}}|$WASM|g" \
-      "$ROOT/envoy/envoy.yaml" > "$1"
+  LISTEN_HOST="$2" LISTEN_PORT="$3" ENVOY_ADMIN_PORT="$4" CONTROL_PLANE_HOST="$5" \
+    CONTROL_PLANE_GRPC_PORT="$6" CONTROL_PLANE_ADMIN_PORT="$7" FILTER_WASM="$WASM" \
+    sh "$ROOT/envoy/render.sh" "$1"
 }
 
 # wait_http URL SECONDS: until URL answers 2xx.
