@@ -8,13 +8,17 @@ WASM="$ROOT/target/wasm32-wasip1/release/sglang_envoy_filter.wasm"
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
-# Debian packages the build and tests need (python venv, curl for the demo).
+# Debian packages the build and tests need (python venv, curl for the demo,
+# g++ for libFuzzer, docker-compose for the compose file's test).
 ensure_debian_packages() {
   local missing=()
   # Debian's python3 has the venv module but not ensurepip without python3-venv.
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
   command -v cc >/dev/null 2>&1 || missing+=(gcc)
+  # libFuzzer (cargo fuzz) is C++; docker-compose validates docker-compose.yml.
+  command -v c++ >/dev/null 2>&1 || missing+=(g++)
+  command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
     local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
@@ -46,13 +50,40 @@ build_all() {
   (cd "$ROOT" && cargo build --release -p sglang-envoy-control-plane -p sglang-sim-worker)
 }
 
+# cargo-fuzz, pinned. It needs nightly -Z flags (sanitizers), which the stable
+# toolchain accepts with RUSTC_BOOTSTRAP=1 (see run_fuzz).
+CARGO_FUZZ_VERSION="0.13.2"
+ensure_cargo_fuzz() {
+  if ! cargo fuzz --version 2>/dev/null | grep -q " $CARGO_FUZZ_VERSION\$"; then
+    log "installing cargo-fuzz $CARGO_FUZZ_VERSION"
+    cargo install --locked --version "$CARGO_FUZZ_VERSION" cargo-fuzz
+  fi
+}
+
+# run_fuzz SECONDS: runs every fuzz target of filter/body/fuzz for SECONDS
+# each, starting from the kept seeds (fuzz/seeds/TARGET) plus what earlier
+# runs found (fuzz/corpus/TARGET, not kept in git). A failed property stops
+# with the input in filter/body/fuzz/artifacts/TARGET/.
+run_fuzz() {
+  local secs="$1" t
+  (
+    cd "$ROOT/filter/body"
+    cargo fmt --manifest-path fuzz/Cargo.toml -- --check
+    for t in $(RUSTC_BOOTSTRAP=1 cargo fuzz list); do
+      log "fuzzing $t for ${secs}s"
+      mkdir -p "fuzz/corpus/$t"
+      RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
+        -max_total_time="$secs" -print_final_stats=1
+    done
+  )
+}
+
 # render_envoy_config OUT LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CP_HOST CP_GRPC_PORT CP_ADMIN_PORT
+# envoy/render.sh fills the template; docker-compose.yml's Envoy runs it too.
 render_envoy_config() {
-  sed -e "s|{{LISTEN_HOST}}|$2|g" -e "s|{{LISTEN_PORT}}|$3|g" \
-      -e "s|{{ENVOY_ADMIN_PORT}}|$4|g" -e "s|{{CONTROL_PLANE_HOST}}|$5|g" \
-      -e "s|{{CONTROL_PLANE_GRPC_PORT}}|$6|g" -e "s|{{CONTROL_PLANE_ADMIN_PORT}}|$7|g" \
-      -e "s|{{MAX_BODY_BYTES}}|${MAX_BODY_BYTES:-33554432}|g" -e "s|{{FILTER_WASM}}|$WASM|g" \
-      "$ROOT/envoy/envoy.yaml" > "$1"
+  LISTEN_HOST="$2" LISTEN_PORT="$3" ENVOY_ADMIN_PORT="$4" CONTROL_PLANE_HOST="$5" \
+    CONTROL_PLANE_GRPC_PORT="$6" CONTROL_PLANE_ADMIN_PORT="$7" FILTER_WASM="$WASM" \
+    sh "$ROOT/envoy/render.sh" "$1"
 }
 
 # wait_http URL SECONDS: until URL answers 2xx.

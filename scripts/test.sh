@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Runs every test: formatting and lints, unit and property tests, and the
+# Runs every test: formatting and lints, unit and property tests, the
 # end-to-end suite against a real Envoy with the wasm filter, the control
-# plane and simulated SGLang workers. Installs what is missing first.
+# plane and simulated SGLang workers, and a short fuzz run of the body
+# handling. Installs what is missing first.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 ensure_debian_packages
 ensure_wasm_target
 ensure_venv
+ensure_cargo_fuzz
 for c in clippy rustfmt; do
   rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
 done
@@ -23,3 +25,6 @@ build_all
 
 log "cargo test (unit, property and end-to-end tests)"
 SGLANG_ENVOY_BIN="$VENV/bin/envoy" cargo test --workspace -- --test-threads 2
+
+log "fuzzing the body parsing and injection (short run)"
+run_fuzz 25

@@ -1,0 +1,52 @@
+#!/bin/sh
+# Renders the Envoy config template envoy/envoy.yaml (beside this script) into
+# OUT, then runs COMMAND if one is given. The one place the template's
+# placeholders are filled: scripts/lib.sh (quick start, test.sh) and the Envoy
+# container of docker-compose.yml both run this script. POSIX sh, so it runs
+# in the official Envoy image as well as on the host.
+#
+#   render.sh OUT [COMMAND ARGS...]
+#
+# Placeholder values come from the environment, one variable per placeholder
+# {{NAME}}: LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST
+# CONTROL_PLANE_GRPC_PORT CONTROL_PLANE_ADMIN_PORT FILTER_WASM, and
+# MAX_BODY_BYTES (default 33554432, the filter's 32 MiB). The template can be
+# overridden with ENVOY_TEMPLATE.
+set -eu
+
+if [ $# -lt 1 ]; then
+  echo "usage: $0 OUT [COMMAND ARGS...]" >&2
+  exit 2
+fi
+out=$1
+shift
+here=$(CDPATH='' cd -- "$(dirname -- "$0")" && pwd)
+template=${ENVOY_TEMPLATE:-$here/envoy.yaml}
+MAX_BODY_BYTES=${MAX_BODY_BYTES:-33554432}
+
+# One sed expression per placeholder; values are escaped for sed.
+script=""
+for name in LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST \
+    CONTROL_PLANE_GRPC_PORT CONTROL_PLANE_ADMIN_PORT MAX_BODY_BYTES FILTER_WASM; do
+  eval "value=\${$name:-}"
+  if [ -z "$value" ]; then
+    echo "render.sh: $name is not set" >&2
+    exit 2
+  fi
+  escaped=$(printf '%s\n' "$value" | sed -e 's/[\\|&]/\\&/g')
+  script="${script}s|{{$name}}|$escaped|g
+"
+done
+
+tmp="$out.tmp.$$"
+sed -e "$script" "$template" > "$tmp"
+if grep -n '{{' "$tmp" >&2; then
+  echo "render.sh: placeholders left unfilled in $template (above)" >&2
+  rm -f "$tmp"
+  exit 2
+fi
+mv "$tmp" "$out"
+
+if [ $# -gt 0 ]; then
+  exec "$@"
+fi

@@ -1,0 +1,1258 @@
+//! The deployment files agree with each other and with what the tests run.
+//!
+//! The reference values are never copied here: ports and control-plane flags
+//! come from `scripts/quickstart.sh`, the Envoy version and build commands
+//! from `scripts/lib.sh`, the Envoy settings from `envoy/envoy.yaml` (rendered
+//! by `envoy/render.sh`), metric names from `control-plane/src/metrics.rs`.
+//! Checked against them: `docker-compose.yml`, `Dockerfile`, `.env.example`,
+//! `deploy/` (Kubernetes, Istio, Envoy Gateway, Grafana). `docker-compose
+//! config` must accept the compose file (required when `CI` is set).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use regex::Regex;
+use serde::Deserialize;
+use serde_yaml::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repository root")
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// Every YAML document of a file (`---` separated), each required to parse.
+fn yaml_docs(rel: &str) -> Vec<Value> {
+    let text = read(rel);
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{rel} is not YAML: {e}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The one document of `rel` with this `kind` (and `name`, when given).
+fn doc<'a>(docs: &'a [Value], kind: &str, name: Option<&str>) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"].as_str() == Some(kind))
+        .filter(|d| name.is_none_or(|n| d["metadata"]["name"].as_str() == Some(n)))
+        .collect();
+    assert_eq!(found.len(), 1, "exactly one {kind} {name:?}");
+    found[0]
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => panic!("not a scalar: {other:?}"),
+    }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .unwrap_or_else(|| panic!("not a list: {v:?}"))
+        .iter()
+        .map(s)
+        .collect()
+}
+
+/// `--flag value` pairs of an argument list (a flag without a value maps to "").
+fn flags(args: &[String]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut i = 0;
+    while i < args.len() {
+        if let Some(f) = args[i].strip_prefix("--") {
+            let value = args.get(i + 1).filter(|v| !v.starts_with("--"));
+            out.insert(format!("--{f}"), value.cloned().unwrap_or_default());
+            i += if value.is_some() { 2 } else { 1 };
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+fn caps<'t>(re: &str, text: &'t str) -> regex::Captures<'t> {
+    Regex::new(re)
+        .unwrap()
+        .captures(text)
+        .unwrap_or_else(|| panic!("no match for {re}"))
+}
+
+/// What `scripts/quickstart.sh` runs.
+struct Quickstart {
+    /// Port variables and their defaults: PORT, CP_ADMIN_PORT, ...
+    vars: BTreeMap<String, String>,
+    /// The simulated workers' ports.
+    worker_ports: Vec<String>,
+    /// Control-plane flags it always passes, variables resolved.
+    cp_flags: BTreeMap<String, String>,
+    /// Envoy's arguments.
+    envoy_args: Vec<String>,
+    /// Placeholder name -> value it renders the Envoy template with.
+    placeholders: BTreeMap<String, String>,
+}
+
+fn shell_words(line: &str) -> Vec<String> {
+    line.split_whitespace()
+        .map(|w| w.trim_matches('"').to_string())
+        .collect()
+}
+
+fn quickstart() -> Quickstart {
+    let text = read("scripts/quickstart.sh");
+    let vars: BTreeMap<String, String> = Regex::new(r#"(?m)^(\w+)="\$\{(\w+):-(\d+)\}""#)
+        .unwrap()
+        .captures_iter(&text)
+        .map(|c| (c[1].to_string(), c[3].to_string()))
+        .collect();
+    for v in ["PORT", "CP_ADMIN_PORT", "CP_GRPC_PORT", "ENVOY_ADMIN_PORT"] {
+        assert!(vars.contains_key(v), "quickstart.sh sets {v}");
+    }
+    let resolve = |w: &str| -> String {
+        match w.strip_prefix('$') {
+            Some(name) => vars
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| panic!("quickstart.sh: unknown variable {name}")),
+            None => w.to_string(),
+        }
+    };
+    let worker_ports = shell_words(&caps(r"for p in ([\d ]+); do", &text)[1]);
+    assert!(!worker_ports.is_empty());
+
+    // The control-plane command: `.../sglang-envoy-control-plane" ARGS \`
+    // continued on the next lines.
+    let start = text
+        .find("/target/release/sglang-envoy-control-plane\"")
+        .expect("quickstart.sh starts the control plane");
+    let mut cmd = String::new();
+    for line in text[start..].lines() {
+        cmd.push_str(line.trim_end_matches('\\'));
+        cmd.push(' ');
+        if !line.trim_end().ends_with('\\') {
+            break;
+        }
+    }
+    let words: Vec<String> = shell_words(cmd.split('>').next().unwrap())
+        .into_iter()
+        .skip(1)
+        .filter(|w| !w.contains("cp_args"))
+        .map(|w| resolve(&w))
+        .collect();
+    let cp_flags = flags(&words);
+    assert!(cp_flags.contains_key("--admin-port") && cp_flags.contains_key("--grpc-port"));
+
+    let envoy_line = text
+        .lines()
+        .find(|l| l.contains("/bin/envoy\" -c"))
+        .expect("quickstart.sh starts Envoy");
+    let envoy_args: Vec<String> = shell_words(envoy_line.split('>').next().unwrap())
+        .into_iter()
+        .skip(1)
+        .collect();
+
+    // render_envoy_config OUT a b c ...: positions mapped to placeholders by
+    // the function in lib.sh (`NAME="$N"`), FILTER_WASM aside.
+    let call = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("render_envoy_config "))
+        .expect("quickstart.sh renders the Envoy config");
+    let call_args: Vec<String> = shell_words(call).into_iter().skip(1).collect();
+    let lib = read("scripts/lib.sh");
+    let body = &lib[lib
+        .find("render_envoy_config() {")
+        .expect("lib.sh function")..];
+    let body = &body[..body.find("\n}").unwrap()];
+    let mut placeholders = BTreeMap::new();
+    for c in Regex::new(r#"(\w+)="\$(\d)""#).unwrap().captures_iter(body) {
+        let pos: usize = c[2].parse().unwrap();
+        placeholders.insert(c[1].to_string(), resolve(&call_args[pos - 1]));
+    }
+    assert!(
+        body.contains("envoy/render.sh"),
+        "lib.sh renders with envoy/render.sh, the script compose uses"
+    );
+    assert!(
+        !body.contains("sed "),
+        "lib.sh must not fill placeholders itself"
+    );
+    Quickstart {
+        vars,
+        worker_ports,
+        cp_flags,
+        envoy_args,
+        placeholders,
+    }
+}
+
+/// The placeholders of envoy/envoy.yaml.
+fn template_placeholders() -> BTreeSet<String> {
+    Regex::new(r"\{\{([A-Z_]+)\}\}")
+        .unwrap()
+        .captures_iter(&read("envoy/envoy.yaml"))
+        .map(|c| c[1].to_string())
+        .collect()
+}
+
+/// Runs envoy/render.sh with `env` and returns the rendered text.
+fn render(env: &BTreeMap<String, String>, tag: &str) -> String {
+    let out = std::env::temp_dir().join(format!(
+        "sglang-envoy-deploy-{}-{tag}.yaml",
+        std::process::id()
+    ));
+    let mut cmd = Command::new("sh");
+    cmd.arg(root().join("envoy/render.sh")).arg(&out);
+    for name in template_placeholders() {
+        cmd.env_remove(&name);
+    }
+    cmd.envs(env);
+    let status = cmd.status().expect("run sh");
+    assert!(status.success(), "render.sh failed with {env:?}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    assert!(!text.contains("{{"), "placeholders left");
+    text
+}
+
+/// envoy/envoy.yaml rendered with placeholder values of the quick start.
+fn template() -> Value {
+    let qs = quickstart();
+    let mut env = qs.placeholders.clone();
+    env.insert(
+        "FILTER_WASM".into(),
+        "/filter/sglang_envoy_filter.wasm".into(),
+    );
+    serde_yaml::from_str(&render(&env, "quickstart")).expect("rendered template is YAML")
+}
+
+fn cluster<'a>(bootstrap: &'a Value, name: &str) -> &'a Value {
+    bootstrap["static_resources"]["clusters"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("cluster {name}"))
+}
+
+fn hcm(bootstrap: &Value) -> &Value {
+    &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+}
+
+fn wasm_filter(bootstrap: &Value) -> &Value {
+    hcm(bootstrap)["http_filters"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"].as_str() == Some("sglang.router"))
+        .expect("the sglang.router filter")
+}
+
+fn catch_all_route(bootstrap: &Value) -> &Value {
+    hcm(bootstrap)["route_config"]["virtual_hosts"][0]["routes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|r| r["match"]["prefix"].as_str() == Some("/"))
+        .expect("the catch-all route")
+}
+
+fn without(v: &Value, key: &str) -> Value {
+    let mut v = v.clone();
+    v.as_mapping_mut().unwrap().remove(key);
+    v
+}
+
+fn compose() -> Value {
+    let docs = yaml_docs("docker-compose.yml");
+    assert_eq!(docs.len(), 1);
+    docs.into_iter().next().unwrap()
+}
+
+/// `NAME` of an environment entry, as a string.
+fn env_of(service: &Value) -> BTreeMap<String, String> {
+    service["environment"]
+        .as_mapping()
+        .expect("environment as a mapping")
+        .iter()
+        .map(|(k, v)| (s(k), s(v)))
+        .collect()
+}
+
+/// `${VAR:-default}` -> default, `${VAR}` -> "".
+fn interpolate_defaults(text: &str) -> String {
+    Regex::new(r"\$\{\w+(?::-([^}]*))?\}")
+        .unwrap()
+        .replace_all(text, |c: &regex::Captures| {
+            c.get(1).map_or("", |m| m.as_str()).to_string()
+        })
+        .into_owned()
+}
+
+/// Dockerfile stages: name -> instructions (continuation lines joined).
+fn dockerfile() -> BTreeMap<String, Vec<String>> {
+    let text = read("Dockerfile").replace("\\\n", " ");
+    let mut stages = BTreeMap::new();
+    let mut current: Option<String> = None;
+    let from = Regex::new(r"(?i)^FROM\s+\S+\s+AS\s+(\S+)").unwrap();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(c) = from.captures(line) {
+            current = Some(c[1].to_string());
+        }
+        if let Some(name) = &current {
+            stages
+                .entry(name.clone())
+                .or_insert_with(Vec::new)
+                .push(line.to_string());
+        }
+    }
+    stages
+}
+
+fn instruction<'a>(stage: &'a [String], op: &str) -> Vec<&'a str> {
+    stage
+        .iter()
+        .filter_map(|l| l.strip_prefix(op).map(str::trim))
+        .collect()
+}
+
+fn json_list(text: &str) -> Vec<String> {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
+#[test]
+fn render_sh_fills_exactly_the_template_placeholders() {
+    let text = read("envoy/render.sh");
+    let listed: BTreeSet<String> =
+        shell_words(&caps(r"for name in ([A-Z_ \\\n]+); do", &text)[1].replace('\\', " "))
+            .into_iter()
+            .collect();
+    assert_eq!(listed, template_placeholders());
+    // A missing value is an error, not an empty field in Envoy's config.
+    let mut env: BTreeMap<String, String> = template_placeholders()
+        .into_iter()
+        .map(|p| (p, "1".to_string()))
+        .collect();
+    env.remove("LISTEN_PORT");
+    let status = Command::new("sh")
+        .arg(root().join("envoy/render.sh"))
+        .arg(std::env::temp_dir().join("sglang-envoy-deploy-missing.yaml"))
+        .env_remove("LISTEN_PORT")
+        .envs(&env)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        !status.success(),
+        "render.sh accepted a missing LISTEN_PORT"
+    );
+}
+
+#[test]
+fn compose_runs_the_quickstart_configuration() {
+    let qs = quickstart();
+    let c = compose();
+    let services = c["services"].as_mapping().expect("services");
+    let envoy = &c["services"]["envoy"];
+
+    // The same Envoy version as the tests.
+    let version = caps(r#"ENVOY_VERSION="([\d.]+)""#, &read("scripts/lib.sh"))[1].to_string();
+    assert_eq!(s(&envoy["image"]), format!("envoyproxy/envoy:v{version}"));
+
+    // envoy/ mounted (not copied), its render.sh the entrypoint.
+    let volumes = strings(&envoy["volumes"]);
+    let envoy_dir = volumes
+        .iter()
+        .find_map(|v| v.strip_prefix("./envoy:"))
+        .expect("./envoy mounted")
+        .trim_end_matches(":ro")
+        .to_string();
+    let entrypoint = strings(&envoy["entrypoint"]);
+    assert_eq!(entrypoint[0], "/bin/sh");
+    assert_eq!(entrypoint[1], format!("{envoy_dir}/render.sh"));
+    let rendered = &entrypoint[2];
+    assert_eq!(entrypoint[3], "/docker-entrypoint.sh");
+
+    // Envoy's own arguments: quickstart's, with the rendered file as -c.
+    let command = strings(&envoy["command"]);
+    assert_eq!(command[0], "envoy");
+    assert_eq!(command[1], "-c");
+    assert_eq!(&command[2], rendered);
+    assert_eq!(qs.envoy_args[0], "-c");
+    assert_eq!(command[3..], qs.envoy_args[2..]);
+
+    // Every placeholder has a value; ports are the quick start's, hosts are
+    // the container's.
+    let env = env_of(envoy);
+    let expected: BTreeSet<String> = template_placeholders();
+    assert_eq!(env.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    for (name, value) in &qs.placeholders {
+        match name.as_str() {
+            "LISTEN_HOST" => assert_eq!(env[name], "0.0.0.0"),
+            "CONTROL_PLANE_HOST" => {
+                assert!(
+                    services.contains_key(env[name].as_str()),
+                    "{name} is a service"
+                )
+            }
+            _ => assert_eq!(&interpolate_defaults(&env[name]), value, "{name}"),
+        }
+    }
+    let published = strings(&envoy["ports"]);
+    assert!(
+        published
+            .iter()
+            .any(|p| interpolate_defaults(p)
+                == format!("{}:{}", qs.vars["PORT"], env["LISTEN_PORT"])),
+        "Envoy published on {}: {published:?}",
+        qs.vars["PORT"]
+    );
+
+    // The wasm comes from the `filter` service through a shared volume.
+    let wasm = &env["FILTER_WASM"];
+    let (wasm_dir, wasm_file) = wasm.rsplit_once('/').unwrap();
+    let volume = volumes
+        .iter()
+        .find_map(|v| {
+            let (src, rest) = v.split_once(':')?;
+            (rest.trim_end_matches(":ro") == wasm_dir).then(|| src.to_string())
+        })
+        .expect("a volume at FILTER_WASM's directory");
+    assert!(c["volumes"]
+        .as_mapping()
+        .unwrap()
+        .contains_key(volume.as_str()));
+    let filter = &c["services"]["filter"];
+    let filter_mount = strings(&filter["volumes"])
+        .iter()
+        .find_map(|v| v.strip_prefix(&format!("{volume}:")).map(str::to_string))
+        .expect("the filter service mounts the volume");
+    let stages = dockerfile();
+    let target = s(&filter["build"]["target"]);
+    let cmd = json_list(instruction(&stages[&target], "CMD")[0]);
+    assert_eq!(cmd[0], "cp");
+    assert_eq!(cmd[2], format!("{filter_mount}/{wasm_file}"));
+    assert!(
+        instruction(&stages[&target], "COPY --from=build")[0].contains(&cmd[1]),
+        "the filter stage copies the built wasm to {}",
+        cmd[1]
+    );
+    assert_eq!(
+        s(&envoy["depends_on"]["filter"]["condition"]),
+        "service_completed_successfully"
+    );
+
+    // Control plane: the quick start's flags, listening on all interfaces.
+    let cp = &c["services"]["control-plane"];
+    let cp_args: Vec<String> = interpolate_defaults(&s(&cp["command"]))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let cp_flags = flags(&cp_args);
+    for (flag, value) in &qs.cp_flags {
+        assert_eq!(cp_flags.get(flag), Some(value), "control plane {flag}");
+    }
+    assert_eq!(cp_flags["--host"], "0.0.0.0");
+    assert_eq!(
+        cp_flags.keys().collect::<BTreeSet<_>>(),
+        qs.cp_flags
+            .keys()
+            .chain(["--host".to_string(), "--worker-urls".to_string()].iter())
+            .collect::<BTreeSet<_>>(),
+        "no flag beyond the quick start's, --host and --worker-urls"
+    );
+    assert_eq!(env["CONTROL_PLANE_ADMIN_PORT"], cp_flags["--admin-port"]);
+    assert_eq!(env["CONTROL_PLANE_GRPC_PORT"], cp_flags["--grpc-port"]);
+    let health = strings(&cp["healthcheck"]["test"]).join(" ");
+    assert!(health.contains(&format!("127.0.0.1:{}/health", cp_flags["--admin-port"])));
+
+    // Each service's build target exists in the Dockerfile.
+    for (name, svc) in services {
+        if let Some(t) = svc["build"]["target"].as_str() {
+            assert!(stages.contains_key(t), "{name:?}: no Dockerfile stage {t}");
+            assert_eq!(s(&svc["build"]["context"]), ".");
+        }
+    }
+}
+
+#[test]
+fn compose_demo_profile_mirrors_the_quickstart_workers() {
+    let qs = quickstart();
+    let c = compose();
+    let services = c["services"].as_mapping().unwrap();
+    let profile = |svc: &Value| -> Vec<String> {
+        svc["profiles"]
+            .as_sequence()
+            .map(|p| p.iter().map(s).collect())
+            .unwrap_or_default()
+    };
+    // Without the profile: the filter, the control plane and Envoy only.
+    let default: BTreeSet<String> = services
+        .iter()
+        .filter(|(_, v)| profile(v).is_empty())
+        .map(|(k, _)| s(k))
+        .collect();
+    assert_eq!(
+        default,
+        BTreeSet::from(["control-plane", "envoy", "filter"].map(String::from))
+    );
+
+    let workers: Vec<(String, String)> = services
+        .iter()
+        .filter(|(_, v)| v["build"]["target"].as_str() == Some("sim-worker"))
+        .map(|(k, v)| {
+            assert_eq!(profile(v), ["demo"], "{k:?}");
+            let args = strings(&v["command"]);
+            let f = flags(&args);
+            assert_eq!(f["--host"], "0.0.0.0");
+            let health = strings(&v["healthcheck"]["test"]).join(" ");
+            assert!(health.contains(&format!("127.0.0.1:{}/health", f["--port"])));
+            (s(k), f["--port"].clone())
+        })
+        .collect();
+    let ports: Vec<String> = workers.iter().map(|w| w.1.clone()).collect();
+    assert_eq!(ports, qs.worker_ports, "the quick start's worker ports");
+
+    // The registration job adds exactly these workers via the admin API.
+    let register = services
+        .iter()
+        .find(|(_, v)| {
+            profile(v) == ["demo"] && v["build"]["target"].as_str() != Some("sim-worker")
+        })
+        .map(|(_, v)| v)
+        .expect("a demo registration service");
+    let script = strings(&register["command"]).join(" ");
+    let admin = &qs.cp_flags["--admin-port"];
+    assert!(script.contains(&format!("http://control-plane:{admin}/add_worker?url=")));
+    let urls: Vec<String> = Regex::new(r"http://([\w-]+):(\d+)(?:\s|;)")
+        .unwrap()
+        .captures_iter(&script)
+        .map(|c| format!("{}:{}", &c[1], &c[2]))
+        .collect();
+    let expected: Vec<String> = workers.iter().map(|(n, p)| format!("{n}:{p}")).collect();
+    assert_eq!(urls, expected);
+    for (name, _) in &workers {
+        assert_eq!(
+            s(&register["depends_on"][name.as_str()]["condition"]),
+            "service_healthy"
+        );
+    }
+}
+
+#[test]
+fn dockerfile_builds_what_the_scripts_build() {
+    let qs = quickstart();
+    let stages = dockerfile();
+    let lib = read("scripts/lib.sh");
+    let build_all = &lib[lib.find("build_all() {").unwrap()..];
+    let build_all = &build_all[..build_all.find("\n}").unwrap()];
+    let builds: Vec<String> = Regex::new(r"cargo build [^)]*")
+        .unwrap()
+        .find_iter(build_all)
+        .map(|m| {
+            m.as_str()
+                .trim()
+                .replacen("--release", "--release --locked", 1)
+        })
+        .collect();
+    assert_eq!(builds.len(), 2, "{builds:?}");
+    let build_stage = stages["build"].join("\n");
+    for b in &builds {
+        assert!(build_stage.contains(b.as_str()), "Dockerfile runs `{b}`");
+    }
+    assert!(build_stage.contains("rustup target add wasm32-wasip1"));
+
+    let cp = &stages["control-plane"];
+    assert_eq!(
+        json_list(instruction(cp, "ENTRYPOINT")[0]),
+        ["sglang-envoy-control-plane"]
+    );
+    let cmd = json_list(instruction(cp, "CMD")[0]);
+    let f = flags(&cmd);
+    for (flag, value) in &qs.cp_flags {
+        assert_eq!(f.get(flag), Some(value), "Dockerfile CMD {flag}");
+    }
+    let exposed: BTreeSet<String> = instruction(cp, "EXPOSE")
+        .iter()
+        .flat_map(|e| e.split_whitespace().map(str::to_string))
+        .collect();
+    assert_eq!(
+        exposed,
+        BTreeSet::from([f["--admin-port"].clone(), f["--grpc-port"].clone()])
+    );
+    let sim = &stages["sim-worker"];
+    let sim_cmd = flags(&json_list(instruction(sim, "CMD")[0]));
+    assert_eq!(sim_cmd["--port"], qs.worker_ports[0]);
+    assert_eq!(instruction(sim, "EXPOSE"), [qs.worker_ports[0].as_str()]);
+    // The control-plane image is the default target (the last stage).
+    let last_from = read("Dockerfile")
+        .lines()
+        .rfind(|l| l.starts_with("FROM "))
+        .unwrap()
+        .to_string();
+    assert!(last_from.ends_with(" AS control-plane"), "{last_from}");
+}
+
+#[test]
+fn env_example_documents_every_compose_variable() {
+    let text = read("docker-compose.yml");
+    let used: BTreeSet<String> = Regex::new(r"\$\{(\w+)")
+        .unwrap()
+        .captures_iter(&text)
+        .map(|c| c[1].to_string())
+        .collect();
+    let env = read(".env.example");
+    let set: BTreeSet<String> = Regex::new(r"(?m)^(\w+)=")
+        .unwrap()
+        .captures_iter(&env)
+        .map(|c| c[1].to_string())
+        .collect();
+    assert_eq!(used, set, ".env.example sets exactly the compose variables");
+}
+
+#[test]
+fn envoy_config_exists_once() {
+    // One source of truth: no other bootstrap config in the repository.
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().to_string();
+            if p.is_dir() {
+                if !["target", ".git", ".venv", ".run", "node_modules"].contains(&name.as_str()) {
+                    walk(&p, out);
+                }
+            } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root(), &mut files);
+    let copies: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("static_resources:")))
+        .collect();
+    assert_eq!(copies, [&root().join("envoy/envoy.yaml")]);
+}
+
+/// The compose-rendered config is what `envoy --mode validate` accepts.
+#[test]
+fn compose_rendered_envoy_config_is_valid() {
+    let c = compose();
+    let mut env = env_of(&c["services"]["envoy"]);
+    for v in env.values_mut() {
+        *v = interpolate_defaults(v);
+    }
+    env.retain(|_, v| !v.is_empty());
+    let text = render(&env, "compose");
+    let b: Value = serde_yaml::from_str(&text).unwrap();
+    let listener = &b["static_resources"]["listeners"][0]["address"]["socket_address"];
+    assert_eq!(s(&listener["address"]), "0.0.0.0");
+    assert_eq!(s(&listener["port_value"]), env["LISTEN_PORT"]);
+    let cp = &cluster(&b, "sglang_control_plane")["load_assignment"]["endpoints"][0]
+        ["lb_endpoints"][0]["endpoint"]["address"]["socket_address"];
+    assert_eq!(s(&cp["address"]), env["CONTROL_PLANE_HOST"]);
+    assert_eq!(s(&cp["port_value"]), env["CONTROL_PLANE_GRPC_PORT"]);
+
+    // Validate with the real Envoy when it and the filter are built.
+    let envoy = std::env::var_os("SGLANG_ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/envoy"));
+    let wasm = root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
+    if !envoy.exists() || !wasm.exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must have Envoy ({}) and the filter ({})",
+            envoy.display(),
+            wasm.display()
+        );
+        eprintln!("skipping `envoy --mode validate`: Envoy or the filter is not built");
+        return;
+    }
+    env.insert("FILTER_WASM".into(), wasm.display().to_string());
+    let path =
+        std::env::temp_dir().join(format!("sglang-envoy-validate-{}.yaml", std::process::id()));
+    std::fs::write(&path, render(&env, "validate")).unwrap();
+    let out = Command::new(&envoy)
+        .args(["--mode", "validate", "-c"])
+        .arg(&path)
+        .output()
+        .expect("run envoy");
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "envoy --mode validate: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `docker-compose config` (and `docker compose config` when the plugin is
+/// there) accepts the file, by default and with `--profile demo`.
+#[test]
+fn docker_compose_config_accepts_the_file() {
+    let mut tools: Vec<Vec<&str>> = Vec::new();
+    let works = |cmd: &[&str]| {
+        Command::new(cmd[0])
+            .args(&cmd[1..])
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if works(&["docker-compose"]) {
+        tools.push(vec!["docker-compose"]);
+    }
+    if works(&["docker", "compose"]) {
+        tools.push(vec!["docker", "compose"]);
+    }
+    if tools.is_empty() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "docker-compose is missing (scripts/lib.sh ensure_debian_packages installs it)"
+        );
+        eprintln!("skipping: neither docker-compose nor `docker compose` is installed");
+        return;
+    }
+    let env_example = read(".env.example");
+    let worker_urls = caps(r"(?m)^WORKER_URLS=(.*)$", &env_example)[1].to_string();
+    let empty = std::env::temp_dir().join("sglang-envoy-empty.env");
+    std::fs::write(&empty, "").unwrap();
+    for tool in &tools {
+        for (env_file, profile, expected) in [
+            (
+                empty.clone(),
+                None,
+                vec!["control-plane", "envoy", "filter"],
+            ),
+            (
+                root().join(".env.example"),
+                Some("demo"),
+                vec![
+                    "control-plane",
+                    "demo-register",
+                    "envoy",
+                    "filter",
+                    "worker-1",
+                    "worker-2",
+                ],
+            ),
+        ] {
+            let mut cmd = Command::new(tool[0]);
+            cmd.args(&tool[1..])
+                .arg("-f")
+                .arg(root().join("docker-compose.yml"))
+                .arg("--env-file")
+                .arg(&env_file);
+            if let Some(p) = profile {
+                cmd.args(["--profile", p]);
+            }
+            // Only the env file decides; not the caller's shell.
+            for var in [
+                "WORKER_URLS",
+                "CONTROL_PLANE_FLAGS",
+                "PORT",
+                "MAX_BODY_BYTES",
+            ] {
+                cmd.env_remove(var);
+            }
+            let out = cmd.arg("config").output().expect("run compose");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{tool:?} config {profile:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let resolved: Value = serde_yaml::from_str(&stdout).expect("config output is YAML");
+            // The services that run: v2 leaves inactive profiles out of its
+            // output, v1 lists them with their `profiles`.
+            let mut names: Vec<String> = resolved["services"]
+                .as_mapping()
+                .unwrap()
+                .iter()
+                .filter(|(_, svc)| {
+                    svc["profiles"]
+                        .as_sequence()
+                        .is_none_or(|ps| ps.iter().any(|p| p.as_str() == profile))
+                })
+                .map(|(k, _)| s(k))
+                .collect();
+            names.sort();
+            assert_eq!(names, expected, "{tool:?} {profile:?}");
+            let cp_command = match &resolved["services"]["control-plane"]["command"] {
+                Value::Sequence(_) => {
+                    strings(&resolved["services"]["control-plane"]["command"]).join(" ")
+                }
+                v => s(v),
+            };
+            if profile.is_some() {
+                assert!(
+                    cp_command.contains(&format!("--worker-urls {worker_urls}")),
+                    "WORKER_URLS from the env file: {cp_command}"
+                );
+            }
+        }
+    }
+}
+
+/// The Envoy settings deploy/ carries are exactly envoy/envoy.yaml's.
+#[test]
+fn istio_envoyfilter_carries_the_template_settings() {
+    let t = template();
+    let qs = quickstart();
+    let docs = yaml_docs("deploy/istio/envoyfilter.yaml");
+    let ef = doc(&docs, "EnvoyFilter", Some("sglang-router"));
+    assert_eq!(s(&ef["apiVersion"]), "networking.istio.io/v1alpha3");
+    let patches = ef["spec"]["configPatches"].as_sequence().unwrap();
+    let by = |apply: &str| -> Vec<&Value> {
+        patches
+            .iter()
+            .filter(|p| p["applyTo"].as_str() == Some(apply))
+            .collect()
+    };
+    let clusters = by("CLUSTER");
+    let added = |name: &str| -> &Value {
+        let p = clusters
+            .iter()
+            .find(|p| p["patch"]["value"]["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("cluster patch {name}"));
+        assert_eq!(s(&p["patch"]["operation"]), "ADD");
+        &p["patch"]["value"]
+    };
+
+    let workers = added("sglang_workers");
+    let tw = cluster(&t, "sglang_workers");
+    for key in [
+        "type",
+        "connect_timeout",
+        "per_connection_buffer_limit_bytes",
+        "eds_cluster_config",
+        "load_balancing_policy",
+    ] {
+        assert_eq!(workers[key], tw[key], "sglang_workers.{key}");
+    }
+    let cp = added("sglang_control_plane");
+    let tcp = cluster(&t, "sglang_control_plane");
+    assert_eq!(
+        without(cp, "load_assignment"),
+        without(tcp, "load_assignment")
+    );
+    let addr = &cp["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        ["socket_address"];
+    let k8s = yaml_docs("deploy/control-plane.yaml");
+    let svc = doc(&k8s, "Service", Some("sglang-control-plane"));
+    assert_eq!(
+        s(&addr["address"]),
+        format!(
+            "{}.{}.svc.cluster.local",
+            s(&svc["metadata"]["name"]),
+            s(&svc["metadata"]["namespace"])
+        )
+    );
+    assert_eq!(s(&addr["port_value"]), qs.cp_flags["--grpc-port"]);
+
+    // The wasm filter: the template's config but the filter's path.
+    let filters = by("HTTP_FILTER");
+    assert_eq!(filters.len(), 1);
+    let f = &filters[0]["patch"];
+    assert_eq!(s(&f["operation"]), "INSERT_BEFORE");
+    assert_eq!(
+        s(&filters[0]["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]),
+        "envoy.filters.http.router"
+    );
+    let tf = wasm_filter(&t);
+    assert_eq!(f["value"]["name"], tf["name"]);
+    let strip_code = |v: &Value| {
+        let mut v = v.clone();
+        v["typed_config"]["config"]["vm_config"]
+            .as_mapping_mut()
+            .unwrap()
+            .remove("code");
+        v
+    };
+    assert_eq!(strip_code(&f["value"]), strip_code(tf));
+    assert_eq!(
+        f["value"]["typed_config"]["config"]["allow_on_headers_stop_iteration"],
+        Value::Bool(true)
+    );
+    let filename =
+        s(&f["value"]["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"]);
+    let (dir, file) = filename.rsplit_once('/').unwrap();
+    let mount = &yaml_docs("deploy/istio/filter-volume-patch.yaml")[0]["spec"]["template"]["spec"];
+    let vm = &mount["containers"][0];
+    assert_eq!(s(&vm["name"]), "istio-proxy");
+    assert_eq!(s(&vm["volumeMounts"][0]["mountPath"]), dir);
+    let volume = s(&vm["volumeMounts"][0]["name"]);
+    assert_eq!(s(&mount["volumes"][0]["name"]), volume);
+    let configmap = s(&mount["volumes"][0]["configMap"]["name"]);
+    let readme = read("deploy/README.md");
+    assert!(
+        readme.contains(&format!("create configmap {configmap}"))
+            && readme.contains(&format!("--from-file={file}=")),
+        "deploy/README.md creates ConfigMap {configmap} with key {file}"
+    );
+
+    // The route: the template's cluster, timeout and retries.
+    let routes = by("HTTP_ROUTE");
+    assert_eq!(routes.len(), 1);
+    let r = &routes[0]["patch"]["value"]["route"];
+    let tr = &catch_all_route(&t)["route"];
+    for key in ["cluster", "timeout", "retry_policy"] {
+        assert_eq!(r[key], tr[key], "route.{key}");
+    }
+    let route_name = s(&routes[0]["match"]["routeConfiguration"]["vhost"]["route"]["name"]);
+    let gw = yaml_docs("deploy/istio/gateway.yaml");
+    let vs = doc(&gw, "VirtualService", None);
+    assert_eq!(s(&vs["spec"]["http"][0]["name"]), route_name);
+    let gateway = doc(&gw, "Gateway", None);
+    assert_eq!(
+        gateway["spec"]["selector"],
+        ef["spec"]["workloadSelector"]["labels"]
+    );
+    assert!(strings(&vs["spec"]["gateways"]).contains(&s(&gateway["metadata"]["name"])));
+
+    // The listener's buffer limit.
+    let listeners = by("LISTENER");
+    assert_eq!(
+        listeners[0]["patch"]["value"]["per_connection_buffer_limit_bytes"],
+        t["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"]
+    );
+    for p in patches {
+        assert_eq!(s(&p["match"]["context"]), "GATEWAY");
+    }
+}
+
+#[test]
+fn envoy_gateway_policies_match_the_template() {
+    let t = template();
+    let qs = quickstart();
+    let k8s = yaml_docs("deploy/control-plane.yaml");
+    let cp_svc = doc(&k8s, "Service", Some("sglang-control-plane"));
+    let workers_svc = doc(&k8s, "Service", Some("sglang-workers"));
+    let ns = s(&cp_svc["metadata"]["namespace"]);
+
+    let gw = yaml_docs("deploy/envoy-gateway/gateway.yaml");
+    let gateway = doc(&gw, "Gateway", Some("sglang"));
+    assert_eq!(s(&gateway["apiVersion"]), "gateway.networking.k8s.io/v1");
+    let route = doc(&gw, "HTTPRoute", Some("sglang"));
+    assert_eq!(s(&route["apiVersion"]), "gateway.networking.k8s.io/v1");
+    assert_eq!(
+        s(&route["spec"]["parentRefs"][0]["name"]),
+        s(&gateway["metadata"]["name"])
+    );
+    let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+    assert_eq!(s(&backend["name"]), s(&workers_svc["metadata"]["name"]));
+    assert_eq!(backend["port"], workers_svc["spec"]["ports"][0]["port"]);
+    let tr = &catch_all_route(&t)["route"];
+    assert_eq!(
+        s(&route["spec"]["rules"][0]["timeouts"]["request"]),
+        s(&tr["timeout"])
+    );
+
+    // Endpoint override on the template's header; the template's retries.
+    let btp = doc(&gw, "BackendTrafficPolicy", None);
+    assert_eq!(s(&btp["apiVersion"]), "gateway.envoyproxy.io/v1alpha1");
+    assert_eq!(s(&btp["spec"]["targetRefs"][0]["kind"]), "HTTPRoute");
+    assert_eq!(s(&btp["spec"]["targetRefs"][0]["name"]), "sglang");
+    let header = &cluster(&t, "sglang_workers")["load_balancing_policy"]["policies"][0]
+        ["typed_extension_config"]["typed_config"]["override_host_sources"][0]["header"];
+    assert_eq!(
+        btp["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"][0]["header"],
+        *header
+    );
+    let retry = &btp["spec"]["retry"];
+    assert_eq!(retry["numRetries"], tr["retry_policy"]["num_retries"]);
+    assert_eq!(
+        strings(&retry["retryOn"]["triggers"]).join(","),
+        s(&tr["retry_policy"]["retry_on"])
+    );
+
+    // Variant A: ext_proc to the control plane's gRPC port, body buffered.
+    let ext = yaml_docs("deploy/envoy-gateway/extproc.yaml");
+    let eep = doc(&ext, "EnvoyExtensionPolicy", None);
+    assert_eq!(s(&eep["apiVersion"]), "gateway.envoyproxy.io/v1alpha1");
+    assert_eq!(s(&eep["metadata"]["namespace"]), ns);
+    assert_eq!(s(&eep["spec"]["targetRefs"][0]["name"]), "sglang");
+    let proc = &eep["spec"]["extProc"][0];
+    assert_eq!(
+        s(&proc["backendRefs"][0]["name"]),
+        s(&cp_svc["metadata"]["name"])
+    );
+    assert_eq!(
+        s(&proc["backendRefs"][0]["port"]),
+        qs.cp_flags["--grpc-port"]
+    );
+    assert_eq!(s(&proc["processingMode"]["request"]["body"]), "Buffered");
+
+    // Variant B: the wasm filter with the template's filter settings, plus
+    // the patch adding the control-plane cluster and the headers flag.
+    let wasm_docs = yaml_docs("deploy/envoy-gateway/wasm.yaml");
+    let wp = doc(&wasm_docs, "EnvoyExtensionPolicy", None);
+    let w = &wp["spec"]["wasm"][0];
+    let tf = &wasm_filter(&t)["typed_config"]["config"];
+    assert_eq!(s(&w["rootID"]), s(&tf["root_id"]));
+    let template_conf: serde_json::Value =
+        serde_json::from_str(&s(&tf["configuration"]["value"])).unwrap();
+    let conf: serde_json::Value =
+        serde_json::from_str(&serde_json::to_string(&w["config"]).unwrap()).unwrap();
+    assert_eq!(conf, template_conf);
+    assert!(["HTTP", "Image"].contains(&s(&w["code"]["type"]).as_str()));
+    let epp = doc(&wasm_docs, "EnvoyPatchPolicy", None);
+    assert_eq!(s(&epp["spec"]["targetRef"]["name"]), "sglang");
+    let patches = epp["spec"]["jsonPatches"].as_sequence().unwrap();
+    let cp_cluster = patches
+        .iter()
+        .find(|p| p["name"].as_str() == Some("sglang_control_plane"))
+        .expect("cluster patch");
+    let istio = yaml_docs("deploy/istio/envoyfilter.yaml");
+    let istio_cp = istio[0]["spec"]["configPatches"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|p| p["patch"]["value"]["name"].as_str() == Some("sglang_control_plane"))
+        .unwrap();
+    assert_eq!(cp_cluster["operation"]["value"], istio_cp["patch"]["value"]);
+    assert_eq!(
+        without(&cp_cluster["operation"]["value"], "load_assignment"),
+        without(cluster(&t, "sglang_control_plane"), "load_assignment")
+    );
+    assert!(patches.iter().any(|p| {
+        p["operation"]["path"].as_str() == Some("allow_on_headers_stop_iteration")
+            && p["operation"]["value"] == Value::Bool(true)
+    }));
+}
+
+#[test]
+fn kubernetes_control_plane_uses_the_quickstart_flags() {
+    let qs = quickstart();
+    let k8s = yaml_docs("deploy/control-plane.yaml");
+    let dep = doc(&k8s, "Deployment", Some("sglang-control-plane"));
+    assert_eq!(s(&dep["apiVersion"]), "apps/v1");
+    assert_eq!(
+        dep["spec"]["replicas"].as_u64(),
+        Some(1),
+        "state is in memory"
+    );
+    let pod = &dep["spec"]["template"];
+    assert_eq!(
+        pod["metadata"]["labels"],
+        dep["spec"]["selector"]["matchLabels"]
+    );
+    let c = &pod["spec"]["containers"][0];
+    let args = strings(&c["args"]);
+    let f = flags(&args);
+    for (flag, value) in &qs.cp_flags {
+        assert_eq!(f.get(flag), Some(value), "{flag}");
+    }
+    assert_eq!(f["--host"], "0.0.0.0");
+    let ports: BTreeSet<String> = c["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| s(&p["containerPort"]))
+        .collect();
+    assert_eq!(
+        ports,
+        BTreeSet::from([f["--admin-port"].clone(), f["--grpc-port"].clone()])
+    );
+    assert_eq!(
+        s(&c["readinessProbe"]["httpGet"]["port"]),
+        f["--admin-port"]
+    );
+    assert_eq!(
+        s(&pod["metadata"]["annotations"]["prometheus.io/port"]),
+        f["--admin-port"]
+    );
+
+    let svc = doc(&k8s, "Service", Some("sglang-control-plane"));
+    assert_eq!(
+        svc["spec"]["selector"],
+        dep["spec"]["selector"]["matchLabels"]
+    );
+    let svc_ports: BTreeSet<String> = svc["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            assert_eq!(p["port"], p["targetPort"]);
+            s(&p["port"])
+        })
+        .collect();
+    assert_eq!(svc_ports, ports);
+
+    // Worker URLs name pods of the headless workers Service.
+    let workers = doc(&k8s, "Service", Some("sglang-workers"));
+    assert_eq!(s(&workers["spec"]["clusterIP"]), "None");
+    let port = s(&workers["spec"]["ports"][0]["port"]);
+    let suffix = format!(
+        ".{}.{}.svc.cluster.local:{port}",
+        s(&workers["metadata"]["name"]),
+        s(&workers["metadata"]["namespace"])
+    );
+    let urls: Vec<&String> = args
+        .iter()
+        .skip_while(|a| *a != "--worker-urls")
+        .skip(1)
+        .take_while(|a| !a.starts_with("--"))
+        .collect();
+    assert!(!urls.is_empty());
+    for u in urls {
+        assert!(u.starts_with("http://") && u.ends_with(&suffix), "{u}");
+    }
+}
+
+/// Metric names the control plane exports, as Prometheus sees them, with
+/// their label names: from the `registry.register` calls in metrics.rs.
+fn exported_metrics() -> BTreeMap<String, BTreeSet<String>> {
+    let src = read("control-plane/src/metrics.rs");
+    let field_re =
+        Regex::new(r"(?m)^\s+(\w+): (?:Family<(\w+), (\w+)>|(Counter|Gauge|Histogram)),").unwrap();
+    let mut fields: BTreeMap<String, (Option<String>, String)> = BTreeMap::new();
+    for c in field_re.captures_iter(&src) {
+        let kind = c.get(3).or(c.get(4)).unwrap().as_str().to_string();
+        fields.insert(
+            c[1].to_string(),
+            (c.get(2).map(|m| m.as_str().to_string()), kind),
+        );
+    }
+    // Label structs: `struct RouteLabel { route: String, }`.
+    let label_re = Regex::new(r"struct (\w+) \{\s*(\w+): String,\s*\}").unwrap();
+    let labels: BTreeMap<String, String> = label_re
+        .captures_iter(&src)
+        .map(|c| (c[1].to_string(), c[2].to_string()))
+        .collect();
+    let reg_re =
+        Regex::new(r#"registry\.register\(\s*"(\w+)",\s*"[^"]*",\s*m\.(\w+)\.clone\(\),?\s*\)"#)
+            .unwrap();
+    let mut out = BTreeMap::new();
+    for c in reg_re.captures_iter(&src) {
+        let (label, kind) = &fields[&c[2]];
+        let label: BTreeSet<String> = label.iter().map(|l| labels[l].clone()).collect();
+        let name = &c[1];
+        let series: Vec<(String, BTreeSet<String>)> = match kind.as_str() {
+            "Counter" => vec![(format!("{name}_total"), label)],
+            "Gauge" => vec![(name.to_string(), label)],
+            "Histogram" => {
+                let mut with_le = label.clone();
+                with_le.insert("le".into());
+                vec![
+                    (format!("{name}_bucket"), with_le),
+                    (format!("{name}_sum"), label.clone()),
+                    (format!("{name}_count"), label),
+                ]
+            }
+            k => panic!("metric kind {k}"),
+        };
+        out.extend(series);
+    }
+    assert!(out.len() >= 11, "parsed the registrations: {out:?}");
+    out
+}
+
+#[test]
+fn grafana_dashboard_queries_exported_metrics() {
+    let metrics = exported_metrics();
+    let dash: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/sglang-envoy-router.json"))
+            .expect("dashboard is JSON");
+    assert!(dash["title"].is_string() && dash["uid"].is_string());
+    assert!(dash["schemaVersion"].as_u64().unwrap() >= 30);
+    let panels = dash["panels"].as_array().unwrap();
+    let ids: BTreeSet<u64> = panels.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), panels.len(), "unique panel ids");
+
+    let name_re = Regex::new(r"\bsgl_router_\w+").unwrap();
+    let label_re = Regex::new(r"\bby \(([\w, ]+)\)").unwrap();
+    let legend_re = Regex::new(r"\{\{(\w+)\}\}").unwrap();
+    let mut used = BTreeSet::new();
+    let mut exprs = 0;
+    for p in panels.iter().filter(|p| p["type"] != "row") {
+        assert!(p["datasource"]["uid"].is_string(), "{}", p["title"]);
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{}", p["title"]);
+        for t in targets {
+            let expr = t["expr"].as_str().expect("expr");
+            exprs += 1;
+            let names: Vec<&str> = name_re.find_iter(expr).map(|m| m.as_str()).collect();
+            assert!(!names.is_empty(), "{expr}");
+            let labels: BTreeSet<String> = names
+                .iter()
+                .flat_map(|n| {
+                    used.insert(n.to_string());
+                    metrics
+                        .get(*n)
+                        .unwrap_or_else(|| panic!("{n} is not exported by metrics.rs"))
+                        .clone()
+                })
+                .collect();
+            let mut grouped: Vec<String> = label_re
+                .captures_iter(expr)
+                .flat_map(|c| {
+                    c[1].split(',')
+                        .map(|l| l.trim().to_string())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            grouped.extend(
+                legend_re
+                    .captures_iter(t["legendFormat"].as_str().unwrap_or(""))
+                    .map(|c| c[1].to_string()),
+            );
+            for l in grouped {
+                assert!(
+                    labels.contains(&l),
+                    "label {l} is not on the metrics of {expr}"
+                );
+            }
+        }
+    }
+    assert!(exprs > 10);
+    // Every exported metric is on the dashboard (histograms via _bucket).
+    for name in metrics.keys() {
+        if name.ends_with("_sum") || name.ends_with("_count") {
+            continue;
+        }
+        assert!(used.contains(name), "the dashboard does not show {name}");
+    }
+    assert!(read("README.md").contains("deploy/grafana/sglang-envoy-router.json"));
+}
+
+#[test]
+fn every_deploy_yaml_parses_with_kind_and_api_version() {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root().join("deploy"), &mut files);
+    assert!(files.len() >= 7, "{files:?}");
+    for f in files {
+        let rel = f.strip_prefix(root()).unwrap().display().to_string();
+        let docs = yaml_docs(&rel);
+        assert!(!docs.is_empty(), "{rel}");
+        if rel.ends_with("-patch.yaml") {
+            continue; // a strategic-merge patch, not an object
+        }
+        for d in docs {
+            assert!(d["apiVersion"].is_string(), "{rel}: apiVersion");
+            assert!(d["kind"].is_string(), "{rel}: kind");
+            assert!(d["metadata"]["name"].is_string(), "{rel}: metadata.name");
+        }
+    }
+}
