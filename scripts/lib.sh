@@ -47,12 +47,15 @@ build_all() {
 }
 
 # render_envoy_config OUT LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CP_HOST CP_GRPC_PORT CP_ADMIN_PORT
+# SGLANG_ENVOY_FRONT_DOOR=ext_proc renders envoy/envoy-ext-proc.yaml instead.
 render_envoy_config() {
+  local template="$ROOT/envoy/envoy.yaml"
+  if [ "${SGLANG_ENVOY_FRONT_DOOR:-wasm}" = ext_proc ]; then template="$ROOT/envoy/envoy-ext-proc.yaml"; fi
   sed -e "s|{{LISTEN_HOST}}|$2|g" -e "s|{{LISTEN_PORT}}|$3|g" \
       -e "s|{{ENVOY_ADMIN_PORT}}|$4|g" -e "s|{{CONTROL_PLANE_HOST}}|$5|g" \
       -e "s|{{CONTROL_PLANE_GRPC_PORT}}|$6|g" -e "s|{{CONTROL_PLANE_ADMIN_PORT}}|$7|g" \
       -e "s|{{MAX_BODY_BYTES}}|${MAX_BODY_BYTES:-33554432}|g" -e "s|{{FILTER_WASM}}|$WASM|g" \
-      "$ROOT/envoy/envoy.yaml" > "$1"
+      "$template" > "$1"
 }
 
 # wait_http URL SECONDS: until URL answers 2xx.
