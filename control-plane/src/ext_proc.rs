@@ -181,8 +181,8 @@ enum Prefill {
 enum Next {
     /// Send this answer.
     Reply(Box<ProcessingResponse>),
-    /// PD response headers: answer once the prefill of this ticket has.
-    AwaitPrefill(u64),
+    /// PD response headers: held until the prefill has answered.
+    HoldForPrefill,
     /// Nothing to answer.
     Nothing,
 }
@@ -209,6 +209,10 @@ struct Exchange {
     prefill: Prefill,
     /// Merge the prefill's input logprobs into the answer.
     merge_wanted: bool,
+    /// The response headers wait for the prefill's outcome.
+    holding_headers: bool,
+    /// We ended the request with a local reply.
+    replied_locally: bool,
     /// The answer is an SSE stream.
     sse: bool,
     /// SSE bytes held until the first event is complete (logprob merge).
@@ -242,6 +246,8 @@ impl Exchange {
             ticket: None,
             prefill: Prefill::None,
             merge_wanted: false,
+            holding_headers: false,
+            replied_locally: false,
             sse: false,
             held: Vec::new(),
             status: 0,
@@ -260,16 +266,22 @@ impl Exchange {
         loop {
             let reply = tokio::select! {
                 message = inbound.next() => match message {
-                    Some(Ok(message)) => match self.on_message(message) {
-                        Next::Reply(reply) => *reply,
-                        Next::Nothing => continue,
-                        Next::AwaitPrefill(ticket) => {
+                    Some(Ok(message)) => {
+                        let next = self.on_message(message);
+                        if let (Prefill::Pending, Some(ticket), None) =
+                            (&self.prefill, self.ticket, &waiting)
+                        {
+                            // PD: follow the prefill from the decision on.
                             let engine = self.engine.clone();
                             waiting = Some(Box::pin(async move { engine.await_prefill(ticket).await }));
-                            // The wait may outlast Envoy's per-message timeout.
-                            extend_timeout(self.engine.options().request_timeout)
                         }
-                    },
+                        match next {
+                            Next::Reply(reply) => *reply,
+                            Next::Nothing => continue,
+                            // The wait may outlast Envoy's per-message timeout.
+                            Next::HoldForPrefill => extend_timeout(self.engine.options().request_timeout),
+                        }
+                    }
                     // Envoy resets the stream when it is done with it.
                     Some(Err(status)) => {
                         debug!(path = %self.path, code = ?status.code(), "ext_proc stream reset");
@@ -279,7 +291,10 @@ impl Exchange {
                 },
                 outcome = wait_for(&mut waiting) => {
                     waiting = None;
-                    self.prefill_ended(outcome)
+                    match self.prefill_ended(outcome) {
+                        Some(reply) => reply,
+                        None => continue,
+                    }
                 }
             };
             if tx.send(Ok(reply)).await.is_err() {
@@ -289,6 +304,11 @@ impl Exchange {
     }
 
     fn on_message(&mut self, message: ProcessingRequest) -> Next {
+        if self.replied_locally {
+            // Envoy ignores anything after a local reply; so do we (a
+            // message may cross an unsolicited prefill error).
+            return Next::Nothing;
+        }
         if let Some(host) = upstream_address(&message.attributes) {
             self.upstream_host = host;
         }
@@ -484,30 +504,41 @@ impl Exchange {
             // (sglang-router does the same); a prefill no longer matters.
             self.prefill = Prefill::None;
         }
-        match (&self.prefill, self.ticket) {
+        if matches!(self.prefill, Prefill::Pending) {
             // Held until the prefill has succeeded: if it fails, the client
             // gets its error instead of a decode stuck waiting for KV.
-            (Prefill::Pending, Some(ticket)) => Next::AwaitPrefill(ticket),
-            _ => send(self.release_response_headers()),
+            self.holding_headers = true;
+            return Next::HoldForPrefill;
         }
+        send(self.release_response_headers())
     }
 
-    /// The prefill's outcome arrived while the response headers were held.
-    fn prefill_ended(&mut self, outcome: PrefillOutcome) -> ProcessingResponse {
+    /// The prefill's outcome arrived. Held response headers go on, or give
+    /// way to the prefill's error. Before the response headers came, a
+    /// failure ends the request at once (Envoy resets the decode request
+    /// still waiting for its KV), a success is kept for them.
+    fn prefill_ended(&mut self, outcome: PrefillOutcome) -> Option<ProcessingResponse> {
+        if !matches!(self.prefill, Prefill::Pending) {
+            return None;
+        }
         if !outcome.ok {
             self.prefill = Prefill::None;
             let status = u16::try_from(outcome.http_status)
                 .ok()
                 .filter(|s| (400..600).contains(s))
                 .unwrap_or(502);
-            // The decode answer has not gone out (its headers wait for this),
-            // so the client gets the prefill's error; Envoy resets the decode.
-            return self.immediate(status, &outcome.error_type, &outcome.message);
+            // The decode answer has not gone out (its headers are held or
+            // have not come), so the client gets the prefill's error.
+            return Some(self.immediate(status, &outcome.error_type, &outcome.message));
         }
         let logprobs = (self.merge_wanted && !outcome.input_token_logprobs.is_empty())
             .then_some(outcome.input_token_logprobs);
         self.prefill = Prefill::Done(logprobs);
-        self.release_response_headers()
+        if !self.holding_headers {
+            return None;
+        }
+        self.holding_headers = false;
+        Some(self.release_response_headers())
     }
 
     /// Lets the response headers go, choosing how much of the body we see:
@@ -616,6 +647,7 @@ impl Exchange {
     fn immediate(&mut self, status: u16, kind: &str, message: &str) -> ProcessingResponse {
         self.status = u32::from(status);
         self.response_done = true;
+        self.replied_locally = true;
         debug!(path = %self.path, status, kind, message, "local reply");
         ProcessingResponse {
             response: Some(processing_response::Response::ImmediateResponse(
