@@ -16,11 +16,15 @@
 //!    headers filled in, set `x-gateway-destination-endpoint`, splice in the
 //!    decision's fields and fix `content-length`; rejections become
 //!    OpenAI-shaped local replies;
-//! 3. response headers: in PD mode, hold them until the prefill half has
-//!    answered (a failed prefill replaces the answer with its error). An SSE
-//!    answer switches to STREAMED response body mode, a JSON answer that
-//!    needs the prefill's input logprobs to BUFFERED (`mode_override`);
-//!    other answers are not seen further;
+//! 3. response headers: in PD mode, held until the prefill half has
+//!    answered (a failed prefill replaces the answer with its error; a
+//!    decode error waits [`DECODE_ERROR_GRACE`] for it at most). A prefill
+//!    that fails before the decode answers ends the request at once: an
+//!    `ImmediateResponse` sent unprompted, which Envoy honours while the
+//!    request is upstream (it resets the decode request). An SSE answer
+//!    switches to STREAMED response body mode, a JSON answer that needs the
+//!    prefill's input logprobs to BUFFERED (`mode_override`); other answers
+//!    are not seen further;
 //! 4. response body: SSE chunks pass unchanged (the first event gets the
 //!    logprobs merged in when asked for), and the one with `end_of_stream`
 //!    says the stream finished; a buffered JSON body gets its merge.
@@ -85,6 +89,12 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// (`override_message_timeout`). Must not exceed `max_message_timeout` in
 /// `envoy/envoy-ext-proc.yaml`.
 pub const MAX_PREFILL_WAIT: Duration = Duration::from_secs(1800);
+
+/// PD: how long a decode worker's error waits for a prefill still running:
+/// when the prefill fails too (a dead prefill makes its decode fail at
+/// once), the client gets the prefill's error, the cause, rather than the
+/// decode's. Past this the decode's error goes out as it is.
+pub const DECODE_ERROR_GRACE: Duration = Duration::from_millis(250);
 
 /// The attribute map key Envoy files `response_attributes` under.
 const ATTRIBUTES_KEY: &str = "envoy.filters.http.ext_proc";
@@ -181,7 +191,8 @@ enum Prefill {
 enum Next {
     /// Send this answer.
     Reply(Box<ProcessingResponse>),
-    /// PD response headers: held until the prefill has answered.
+    /// PD response headers: held until the prefill has answered (a decode
+    /// error: at most [`DECODE_ERROR_GRACE`]).
     HoldForPrefill,
     /// Nothing to answer.
     Nothing,
@@ -211,6 +222,8 @@ struct Exchange {
     merge_wanted: bool,
     /// The response headers wait for the prefill's outcome.
     holding_headers: bool,
+    /// The decode worker answered an error status.
+    decode_failed: bool,
     /// We ended the request with a local reply.
     replied_locally: bool,
     /// The answer is an SSE stream.
@@ -247,6 +260,7 @@ impl Exchange {
             prefill: Prefill::None,
             merge_wanted: false,
             holding_headers: false,
+            decode_failed: false,
             replied_locally: false,
             sse: false,
             held: Vec::new(),
@@ -263,6 +277,7 @@ impl Exchange {
         S: Stream<Item = Result<ProcessingRequest, Status>> + Unpin,
     {
         let mut waiting: Option<PrefillWait> = None;
+        let mut grace: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
             let reply = tokio::select! {
                 message = inbound.next() => match message {
@@ -278,6 +293,10 @@ impl Exchange {
                         match next {
                             Next::Reply(reply) => *reply,
                             Next::Nothing => continue,
+                            Next::HoldForPrefill if self.decode_failed => {
+                                grace = Some(Box::pin(tokio::time::sleep(DECODE_ERROR_GRACE)));
+                                continue;
+                            }
                             // The wait may outlast Envoy's per-message timeout.
                             Next::HoldForPrefill => extend_timeout(self.engine.options().request_timeout),
                         }
@@ -291,10 +310,18 @@ impl Exchange {
                 },
                 outcome = wait_for(&mut waiting) => {
                     waiting = None;
+                    grace = None;
                     match self.prefill_ended(outcome) {
                         Some(reply) => reply,
                         None => continue,
                     }
+                }
+                () = sleep_for(&mut grace) => {
+                    grace = None;
+                    // The prefill is still running: the decode's error goes out.
+                    self.holding_headers = false;
+                    self.prefill = Prefill::None;
+                    self.release_response_headers()
                 }
             };
             if tx.send(Ok(reply)).await.is_err() {
@@ -499,7 +526,8 @@ impl Exchange {
         self.status = get(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
         self.sse = get("content-type").is_some_and(|t| t.starts_with("text/event-stream"));
         self.response_done |= h.end_of_stream;
-        if !(200..300).contains(&self.status) {
+        self.decode_failed = !(200..300).contains(&self.status);
+        if self.decode_failed && !matches!(self.prefill, Prefill::Pending) {
             // The worker's own error goes to the client as it is
             // (sglang-router does the same); a prefill no longer matters.
             self.prefill = Prefill::None;
@@ -531,8 +559,9 @@ impl Exchange {
             // have not come), so the client gets the prefill's error.
             return Some(self.immediate(status, &outcome.error_type, &outcome.message));
         }
-        let logprobs = (self.merge_wanted && !outcome.input_token_logprobs.is_empty())
-            .then_some(outcome.input_token_logprobs);
+        let logprobs =
+            (self.merge_wanted && !self.decode_failed && !outcome.input_token_logprobs.is_empty())
+                .then_some(outcome.input_token_logprobs);
         self.prefill = Prefill::Done(logprobs);
         if !self.holding_headers {
             return None;
@@ -718,6 +747,14 @@ async fn wait_for(waiting: &mut Option<PrefillWait>) -> PrefillOutcome {
     }
 }
 
+/// Resolves when `sleep` does, or never when there is none.
+async fn sleep_for(sleep: &mut Option<Pin<Box<tokio::time::Sleep>>>) {
+    match sleep.as_mut() {
+        Some(sleep) => sleep.await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Asks Envoy to wait up to `limit` (at most [`MAX_PREFILL_WAIT`]) for the
 /// answer to the message in flight.
 fn extend_timeout(limit: Duration) -> ProcessingResponse {
@@ -813,5 +850,388 @@ fn upstream_address(attributes: &std::collections::HashMap<String, Struct>) -> O
     match &value.kind {
         Some(value::Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{EngineOptions, Policies};
+    use crate::metrics::Metrics;
+    use crate::policy::RoundRobin;
+    use crate::workers::{Registry, WorkerAddress, WorkerSpec};
+    use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Out;
+    use processing_request::Request as In;
+
+    fn engine(workers: u16) -> Arc<Engine> {
+        let registry = Arc::new(Registry::default());
+        for port in 1..=workers {
+            let units = registry
+                .add(
+                    WorkerAddress {
+                        url: format!("http://127.0.0.1:{port}"),
+                        host: "127.0.0.1".into(),
+                        endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
+                    },
+                    WorkerSpec::REGULAR,
+                    Some(2),
+                )
+                .unwrap();
+            registry.set_healthy(&units[0], true);
+        }
+        Arc::new(
+            Engine::new(
+                registry,
+                Policies::same(Arc::new(RoundRobin::default())),
+                Arc::new(Metrics::default()),
+                EngineOptions::default(),
+            )
+            .unwrap(),
+        )
+    }
+
+    /// One ext_proc stream against `engine`: send Envoy's messages, read
+    /// the answers.
+    struct Stream {
+        to: Option<mpsc::Sender<Result<ProcessingRequest, Status>>>,
+        from: mpsc::Receiver<Result<ProcessingResponse, Status>>,
+        done: tokio::task::JoinHandle<()>,
+    }
+
+    impl Stream {
+        fn open(engine: &Arc<Engine>, max_body_bytes: usize) -> Stream {
+            let exchange = Exchange::new(
+                engine.clone(),
+                None,
+                Arc::new(TicketSource::new()),
+                max_body_bytes,
+            );
+            let (to, inbound) = mpsc::channel(4);
+            let (tx, from) = mpsc::channel(4);
+            let done = tokio::spawn(exchange.run(ReceiverStream::new(inbound), tx));
+            Stream {
+                to: Some(to),
+                from,
+                done,
+            }
+        }
+
+        async fn ask(&mut self, request: In) -> ProcessingResponse {
+            self.send(request).await;
+            self.from.recv().await.unwrap().unwrap()
+        }
+
+        async fn send(&mut self, request: In) {
+            let message = ProcessingRequest {
+                request: Some(request),
+                ..Default::default()
+            };
+            self.to.as_ref().unwrap().send(Ok(message)).await.unwrap();
+        }
+
+        /// Envoy ends the stream (cleanly or with a reset).
+        async fn end(mut self, reset: bool) {
+            if reset {
+                let _ = self
+                    .to
+                    .as_ref()
+                    .unwrap()
+                    .send(Err(Status::internal("reset")))
+                    .await;
+            }
+            self.to = None;
+            self.done.await.unwrap();
+        }
+    }
+
+    fn headers(list: &[(&str, &str)], end_of_stream: bool) -> HttpHeaders {
+        HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: list
+                    .iter()
+                    .map(|(k, v)| HeaderValue {
+                        key: k.to_string(),
+                        raw_value: v.as_bytes().to_vec(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
+            end_of_stream,
+            ..Default::default()
+        }
+    }
+
+    fn post(path: &str) -> In {
+        In::RequestHeaders(headers(
+            &[
+                (":method", "POST"),
+                (":path", path),
+                ("x-request-id", "r1"),
+                (ENDPOINT_HEADER, "10.0.0.1:1"),
+            ],
+            false,
+        ))
+    }
+
+    fn body(text: &str) -> In {
+        In::RequestBody(HttpBody {
+            body: text.as_bytes().to_vec(),
+            end_of_stream: true,
+            ..Default::default()
+        })
+    }
+
+    fn common(r: &ProcessingResponse) -> &CommonResponse {
+        match &r.response {
+            Some(Out::RequestHeaders(h)) | Some(Out::ResponseHeaders(h)) => {
+                h.response.as_ref().unwrap()
+            }
+            Some(Out::RequestBody(b)) | Some(Out::ResponseBody(b)) => b.response.as_ref().unwrap(),
+            other => panic!("not a common response: {other:?}"),
+        }
+    }
+
+    fn set(r: &ProcessingResponse, name: &str) -> Option<String> {
+        common(r)
+            .header_mutation
+            .as_ref()?
+            .set_headers
+            .iter()
+            .filter_map(|o| o.header.as_ref())
+            .find(|h| h.key == name)
+            .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned())
+    }
+
+    fn immediate(r: &ProcessingResponse) -> (i32, serde_json::Value) {
+        match &r.response {
+            Some(Out::ImmediateResponse(i)) => (
+                i.status.as_ref().unwrap().code,
+                serde_json::from_slice(&i.body).unwrap(),
+            ),
+            other => panic!("not an immediate response: {other:?}"),
+        }
+    }
+
+    fn total_load(e: &Engine) -> u64 {
+        e.registry().all().iter().map(|w| w.load() as u64).sum()
+    }
+
+    fn metrics(e: &Engine) -> String {
+        e.metrics().render(&e.registry().all())
+    }
+
+    #[tokio::test]
+    async fn routes_on_the_body_injects_the_rank_and_releases_the_load() {
+        let e = engine(2);
+        let mut s = Stream::open(&e, 1 << 20);
+        let r = s.ask(post("/generate?x=1")).await;
+        assert_eq!(
+            common(&r).header_mutation.as_ref().unwrap().remove_headers,
+            [ENDPOINT_HEADER],
+            "a client's endpoint header is dropped"
+        );
+        let client_body = r#"{"text":"hello", "temperature": 0.70}"#;
+        let r = s.ask(body(client_body)).await;
+        let endpoints = set(&r, ENDPOINT_HEADER).unwrap();
+        assert_eq!(endpoints, "127.0.0.1:1,127.0.0.1:2");
+        let Some(body_mutation::Mutation::Body(new_body)) = common(&r)
+            .body_mutation
+            .as_ref()
+            .and_then(|m| m.mutation.clone())
+        else {
+            panic!("the rank is injected: {r:?}");
+        };
+        let text = String::from_utf8(new_body).unwrap();
+        assert!(text.contains(r#""temperature": 0.70"#), "{text}");
+        assert!(text.contains(r#""data_parallel_rank":0"#), "{text}");
+        assert_eq!(set(&r, "content-length"), Some(text.len().to_string()));
+        assert_eq!(total_load(&e), 1);
+
+        let r = s
+            .ask(In::ResponseHeaders(headers(
+                &[(":status", "200"), ("content-type", "application/json")],
+                false,
+            )))
+            .await;
+        assert!(r.mode_override.is_none(), "JSON bodies are not sent to us");
+        s.end(true).await;
+        assert_eq!(total_load(&e), 0);
+        assert_eq!(e.in_flight(), 0);
+        assert!(!metrics(&e).contains("client_cancelled"));
+    }
+
+    #[tokio::test]
+    async fn sse_is_followed_to_its_last_chunk_and_a_hang_up_counts_as_cancelled() {
+        let e = engine(1);
+        for finish in [true, false] {
+            let mut s = Stream::open(&e, 1 << 20);
+            s.ask(post("/v1/completions")).await;
+            s.ask(body(r#"{"prompt":"p","stream":true}"#)).await;
+            let r = s
+                .ask(In::ResponseHeaders(headers(
+                    &[(":status", "200"), ("content-type", "text/event-stream")],
+                    false,
+                )))
+                .await;
+            assert_eq!(
+                r.mode_override.as_ref().map(|m| m.response_body_mode),
+                Some(BodySendMode::Streamed as i32)
+            );
+            let chunk = |end| {
+                In::ResponseBody(HttpBody {
+                    body: b"data: {}\n\n".to_vec(),
+                    end_of_stream: end,
+                    ..Default::default()
+                })
+            };
+            let r = s.ask(chunk(false)).await;
+            assert_eq!(
+                r.response,
+                Some(Out::ResponseBody(BodyResponse::default())),
+                "chunks pass unchanged"
+            );
+            if finish {
+                s.ask(chunk(true)).await;
+            }
+            assert_eq!(total_load(&e), 1);
+            s.end(false).await;
+            assert_eq!(total_load(&e), 0);
+            assert_eq!(metrics(&e).contains("client_cancelled"), !finish);
+        }
+    }
+
+    #[tokio::test]
+    async fn unusable_requests_get_openai_errors_and_count_nothing() {
+        let e = engine(1);
+        let cases: Vec<(Vec<In>, i32, &str)> = vec![
+            (
+                vec![In::RequestHeaders(headers(
+                    &[(":method", "GET"), (":path", "/generate")],
+                    true,
+                ))],
+                405,
+                "POST",
+            ),
+            (
+                vec![In::RequestHeaders(headers(
+                    &[(":method", "POST"), (":path", "/generate")],
+                    true,
+                ))],
+                400,
+                "body is required",
+            ),
+            (
+                vec![In::RequestHeaders(headers(
+                    &[
+                        (":method", "POST"),
+                        (":path", "/generate"),
+                        ("content-length", "101"),
+                    ],
+                    false,
+                ))],
+                413,
+                "limit of 100 bytes",
+            ),
+            (
+                vec![post("/generate"), body(&"x".repeat(101))],
+                413,
+                "limit of 100 bytes",
+            ),
+            (
+                vec![post("/v1/chat/completions"), body("{\"messages\": [")],
+                400,
+                "not valid JSON",
+            ),
+        ];
+        for (messages, status, part) in cases {
+            let mut s = Stream::open(&e, 100);
+            let mut last = None;
+            for m in messages {
+                last = Some(s.ask(m).await);
+            }
+            let (code, error) = immediate(&last.unwrap());
+            assert_eq!(code, status);
+            assert_eq!(error["error"]["code"], status);
+            let message = error["error"]["message"].as_str().unwrap();
+            assert!(message.contains(part), "{message}");
+            s.end(true).await;
+        }
+        assert_eq!(total_load(&e), 0);
+        assert_eq!(e.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn no_worker_is_a_503_and_info_routes_are_routed_at_the_headers() {
+        let e = engine(0);
+        let mut s = Stream::open(&e, 100);
+        s.ask(post("/generate")).await;
+        let (code, _) = immediate(&s.ask(body(r#"{"text":"x"}"#)).await);
+        assert_eq!(code, 503);
+        s.end(true).await;
+
+        let e = engine(1);
+        let mut s = Stream::open(&e, 100);
+        let r = s
+            .ask(In::RequestHeaders(headers(
+                &[(":method", "GET"), (":path", "/v1/models")],
+                true,
+            )))
+            .await;
+        assert_eq!(set(&r, ENDPOINT_HEADER).as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(r.mode_override, Some(nothing_more()));
+        s.end(false).await;
+        assert_eq!(e.in_flight(), 0);
+
+        // Paths the router does not serve pass through untouched.
+        let mut s = Stream::open(&e, 100);
+        let r = s
+            .ask(In::RequestHeaders(headers(
+                &[(":method", "POST"), (":path", "/flush_cache")],
+                false,
+            )))
+            .await;
+        assert_eq!(set(&r, ENDPOINT_HEADER), None);
+        assert_eq!(r.mode_override, Some(nothing_more()));
+        s.end(false).await;
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_before_the_response_releases_the_load() {
+        let e = engine(2);
+        let mut s = Stream::open(&e, 1 << 20);
+        s.ask(post("/generate")).await;
+        s.ask(body(r#"{"text":"x"}"#)).await;
+        assert_eq!(total_load(&e), 1);
+        s.end(true).await;
+        assert_eq!(total_load(&e), 0);
+        assert!(metrics(&e).contains("client_cancelled"));
+    }
+
+    #[test]
+    fn upstream_address_comes_from_the_response_attributes() {
+        let mut fields = std::collections::HashMap::new();
+        fields.insert(
+            UPSTREAM_ADDRESS.to_string(),
+            envoy_types::pb::google::protobuf::Value {
+                kind: Some(value::Kind::StringValue("10.0.0.2:30000".into())),
+            },
+        );
+        let mut attributes = std::collections::HashMap::new();
+        attributes.insert(ATTRIBUTES_KEY.to_string(), Struct { fields });
+        assert_eq!(
+            upstream_address(&attributes).as_deref(),
+            Some("10.0.0.2:30000")
+        );
+        assert_eq!(upstream_address(&Default::default()), None);
+    }
+
+    #[test]
+    fn tickets_are_distinct_and_never_zero() {
+        let t = TicketSource {
+            base: u64::MAX - 1,
+            next: AtomicU64::new(1),
+        };
+        let got: Vec<u64> = (0..3).map(|_| t.next()).collect();
+        assert_eq!(got, [u64::MAX, 1, 2]);
     }
 }
