@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: formatting and lints, unit and property tests, and the
 # end-to-end suite against a real Envoy with the wasm filter, the control
-# plane and simulated SGLang workers. Installs what is missing first.
+# plane and simulated SGLang workers, then the end-to-end suite again through
+# the ext_proc front door. Installs what is missing first.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -23,3 +24,7 @@ build_all
 
 log "cargo test (unit, property and end-to-end tests)"
 SGLANG_ENVOY_BIN="$VENV/bin/envoy" cargo test --workspace -- --test-threads 2
+
+log "end-to-end tests through the ext_proc front door"
+SGLANG_ENVOY_FRONT_DOOR=ext_proc SGLANG_ENVOY_BIN="$VENV/bin/envoy" \
+  cargo test -p sglang-envoy-e2e -- --test-threads 2

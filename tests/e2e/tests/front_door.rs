@@ -3,6 +3,7 @@
 //! way. The rest of the suite runs unchanged through either front door
 //! (`SGLANG_ENVOY_FRONT_DOOR`).
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use sglang_envoy_e2e::{
@@ -155,4 +156,32 @@ async fn failovers(stack: &Stack) -> f64 {
         .find_map(|l| l.strip_prefix("sgl_router_worker_failovers_total "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
+}
+
+/// The two Envoy configs differ only in the HTTP filters: listeners, routes
+/// (the per-route `disabled` works for either filter, both named
+/// `sglang.router`) and clusters are the same text, comments aside.
+#[test]
+fn both_envoy_configs_share_everything_but_the_filter() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let read = |name: &str| {
+        std::fs::read_to_string(root.join(name))
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .map(|l| l.split(" # ").next().unwrap_or(l).trim_end().to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (wasm, ext_proc) = (read("envoy/envoy.yaml"), read("envoy/envoy-ext-proc.yaml"));
+    let parts = |text: &str| {
+        let filters = text.find("          http_filters:").unwrap();
+        let clusters = text.find("\n  clusters:").unwrap();
+        (text[..filters].to_string(), text[clusters..].to_string())
+    };
+    let (wasm_head, wasm_clusters) = parts(&wasm);
+    let (ext_head, ext_clusters) = parts(&ext_proc);
+    assert_eq!(wasm_head, ext_head, "listeners and routes differ");
+    assert_eq!(wasm_clusters, ext_clusters, "clusters differ");
+    assert!(ext_proc.contains("failure_mode_allow: true"));
 }
