@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: formatting and lints, unit and property tests, the
 # end-to-end suite against a real Envoy with the wasm filter, the control
-# plane and simulated SGLang workers, and a short fuzz run of the body
-# handling. Installs what is missing first.
+# plane and simulated SGLang workers, the end-to-end suite again through the
+# ext_proc front door, and a short fuzz run of the body handling. Installs
+# what is missing first.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -25,6 +26,10 @@ build_all
 
 log "cargo test (unit, property and end-to-end tests)"
 SGLANG_ENVOY_BIN="$VENV/bin/envoy" cargo test --workspace -- --test-threads 2
+
+log "end-to-end tests through the ext_proc front door"
+SGLANG_ENVOY_FRONT_DOOR=ext_proc SGLANG_ENVOY_BIN="$VENV/bin/envoy" \
+  cargo test -p sglang-envoy-e2e -- --test-threads 2
 
 log "fuzzing the body parsing and injection (short run)"
 run_fuzz 25

@@ -8,10 +8,13 @@
 //! workers to Envoy, `admin` changes them, `metrics` reports on all of it.
 //! In PD mode the engine also builds the bootstrap fields and sends the
 //! prefill half itself (`pd`), and the filter waits for it (`AwaitPrefill`).
+//! `ext_proc` is a second front door over the same engine, for Envoys that
+//! run the built-in `ext_proc` filter instead of the wasm filter.
 
 pub mod admin;
 pub mod config;
 pub mod engine;
+pub mod ext_proc;
 pub mod metrics;
 pub mod pd;
 pub mod policy;

@@ -2,8 +2,9 @@
 //!
 //! Reads the flags, registers the initial workers and checks their health,
 //! then serves three things until stopped:
-//! - gRPC on `--grpc-port`: the filter's `Route`/`Complete` calls and Envoy's
-//!   endpoint discovery (EDS) for the worker cluster;
+//! - gRPC on `--grpc-port`: the filter's `Route`/`Complete` calls, Envoy's
+//!   endpoint discovery (EDS) for the worker cluster, and the `ext_proc`
+//!   front door;
 //! - HTTP on `--admin-port`: the admin API and `/metrics`;
 //! - background upkeep: health checks, tree eviction, and releasing the load
 //!   of requests whose end was never reported.
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryServiceServer;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use sglang_envoy_proto::router_server::RouterServer;
 use tracing::{debug, error, info, warn};
 
@@ -21,7 +23,7 @@ use sglang_envoy_control_plane::config::Args;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::workers::{persist, HealthChecker, Registry, Role, WorkerSpec};
-use sglang_envoy_control_plane::{admin, policy, service, xds};
+use sglang_envoy_control_plane::{admin, ext_proc, policy, service, xds};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -169,6 +171,10 @@ async fn main() -> anyhow::Result<()> {
         )))
         .add_service(EndpointDiscoveryServiceServer::new(xds::Eds::new(
             registry.clone(),
+        )))
+        .add_service(ExternalProcessorServer::new(ext_proc::ExtProcService::new(
+            engine.clone(),
+            health.clone(),
         )))
         .serve(grpc_addr);
 

@@ -54,6 +54,7 @@ fn engine(pd: bool, dp: Option<u32>, cost: bool) -> Engine {
         Arc::new(CostAware::new(CostAwareConfig {
             per_request_cost: 32,
             max_tree_size: 1 << 16,
+            min_match: 32,
         }))
     } else {
         Arc::new(CacheAware::new(CacheAwareConfig {

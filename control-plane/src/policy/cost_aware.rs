@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use super::{least_loaded, matched_lens, CacheOutcome, Policy, RouteInput, Selection};
+use super::{matched_lens, CacheOutcome, Policy, RouteInput, Selection};
 use crate::config::Args;
 use crate::tree::Tree;
 use crate::workers::Worker;
@@ -13,6 +13,10 @@ pub struct CostAwareConfig {
     pub per_request_cost: u64,
     /// Per-worker tree size kept by eviction.
     pub max_tree_size: usize,
+    /// Matches shorter than this many bytes count as none: they are under
+    /// a KV page (a token is ~4 bytes), and following them would pile
+    /// unrelated prompts onto one worker's cache for no saving.
+    pub min_match: usize,
 }
 
 impl From<&Args> for CostAwareConfig {
@@ -20,9 +24,13 @@ impl From<&Args> for CostAwareConfig {
         CostAwareConfig {
             per_request_cost: a.cost_per_request,
             max_tree_size: a.max_tree_size,
+            min_match: MIN_MATCH,
         }
     }
 }
+
+/// Default of [`CostAwareConfig::min_match`]: a few tokens.
+pub const MIN_MATCH: usize = 32;
 
 /// Chooses the worker where the request is expected to start soonest.
 ///
@@ -41,7 +49,8 @@ impl From<&Args> for CostAwareConfig {
 /// costs more than prefilling from scratch elsewhere, the request goes to
 /// another worker, which then holds the prefix too, so hot prefixes get
 /// replicated exactly as far as load requires. Ties go to the less loaded
-/// worker, then at random.
+/// worker, then to the smaller tree (more room for new prefixes, as
+/// `cache_aware` does on a miss), then at random.
 pub struct CostAware {
     config: CostAwareConfig,
     tree: Tree,
@@ -71,18 +80,27 @@ impl Policy for CostAware {
     fn select(&self, workers: &[Arc<Worker>], input: &RouteInput<'_>) -> Selection {
         let text = input.text;
         let len = text.len() as u64;
-        let matched = if text.is_empty() {
+        let matched: Vec<usize> = if text.is_empty() {
             vec![0; workers.len()]
         } else {
             matched_lens(&self.tree.match_prefix(text), workers)
+                .into_iter()
+                .map(|m| if m < self.config.min_match { 0 } else { m })
+                .collect()
         };
-        let costs: Vec<u64> = workers
+        // (cost, load, tree size): lowest wins, random among equals.
+        let keys: Vec<(u64, usize, usize)> = workers
             .iter()
             .zip(&matched)
-            .map(|(w, &m)| self.cost(w, len.saturating_sub(m as u64)))
+            .map(|(w, &m)| {
+                (
+                    self.cost(w, len.saturating_sub(m as u64)),
+                    w.load(),
+                    self.tree.tenant_size(w.tenant),
+                )
+            })
             .collect();
-        let cheapest = costs.iter().copied().min().unwrap_or(0);
-        let index = least_loaded(workers, |i| costs[i] == cheapest).unwrap_or(0);
+        let index = lowest_at_random(&keys);
         let held = matched.get(index).copied().unwrap_or(0);
         if !text.is_empty() {
             if let Some(w) = workers.get(index) {
@@ -114,6 +132,20 @@ impl Policy for CostAware {
     }
 }
 
+/// The index of the smallest key, ties broken uniformly at random.
+fn lowest_at_random<K: Ord + Copy>(keys: &[K]) -> usize {
+    let Some(best) = keys.iter().copied().min() else {
+        return 0;
+    };
+    let ties = keys.iter().filter(|k| **k == best).count();
+    let pick = rand::random_range(0..ties.max(1));
+    keys.iter()
+        .enumerate()
+        .filter(|(_, k)| **k == best)
+        .nth(pick)
+        .map_or(0, |(i, _)| i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +155,7 @@ mod tests {
         CostAware::new(CostAwareConfig {
             per_request_cost: 0,
             max_tree_size: 1 << 20,
+            min_match: MIN_MATCH,
         })
     }
 
@@ -150,6 +183,25 @@ mod tests {
             used[s.index] += 1;
         }
         assert_eq!(used, [1, 1, 1]);
+    }
+
+    #[test]
+    fn sequential_distinct_prompts_with_tiny_common_prefixes_spread() {
+        // Idle workers (every request finished before the next): a 2-byte
+        // common prefix ("00") is no reason to pile everything on one cache.
+        let p = policy();
+        let ws = workers(3);
+        let mut used = [0; 3];
+        for i in 0..30 {
+            let s = pick(
+                &p,
+                &ws,
+                &format!("{i:03} distinct prompt {}", "x".repeat(i % 7)),
+            );
+            ws[s.index].finish(s.work);
+            used[s.index] += 1;
+        }
+        assert!(used.iter().all(|&n| n >= 6), "{used:?}");
     }
 
     #[test]

@@ -3,13 +3,15 @@
 //! wasm filter, on free loopback ports, and tears them down on drop.
 //!
 //! Binaries are found under `target/release` (scripts/test.sh builds them);
-//! `SGLANG_ENVOY_BIN` overrides the Envoy binary.
+//! `SGLANG_ENVOY_BIN` overrides the Envoy binary; `SGLANG_ENVOY_FRONT_DOOR=ext_proc`
+//! runs Envoy with the ext_proc filter (`envoy/envoy-ext-proc.yaml`) instead
+//! of the wasm filter.
 
 mod process;
 mod stack;
 
 pub use process::{free_port, Proc};
-pub use stack::{venv_python, PdOptions, SimWorker, Stack, StackOptions, KV_TIMEOUT_MS};
+pub use stack::{venv_python, FrontDoor, PdOptions, SimWorker, Stack, StackOptions, KV_TIMEOUT_MS};
 
 use std::time::Duration;
 

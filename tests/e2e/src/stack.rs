@@ -27,6 +27,35 @@ fn envoy_bin() -> PathBuf {
         .unwrap_or_else(|| root().join(".venv/bin/envoy"))
 }
 
+/// How requests get from Envoy to the control plane: the wasm filter
+/// (`envoy/envoy.yaml`) or Envoy's built-in ext_proc filter
+/// (`envoy/envoy-ext-proc.yaml`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrontDoor {
+    /// The proxy-wasm filter (the default).
+    Wasm,
+    /// The `envoy.filters.http.ext_proc` filter.
+    ExtProc,
+}
+
+impl FrontDoor {
+    /// Chosen by `SGLANG_ENVOY_FRONT_DOOR` (`wasm`, the default, or `ext_proc`).
+    pub fn current() -> FrontDoor {
+        match std::env::var("SGLANG_ENVOY_FRONT_DOOR").as_deref() {
+            Ok("ext_proc") | Ok("ext-proc") | Ok("extproc") => FrontDoor::ExtProc,
+            _ => FrontDoor::Wasm,
+        }
+    }
+
+    /// The Envoy config template of this front door, relative to the repo.
+    pub fn template(self) -> &'static str {
+        match self {
+            FrontDoor::Wasm => "envoy/envoy.yaml",
+            FrontDoor::ExtProc => "envoy/envoy-ext-proc.yaml",
+        }
+    }
+}
+
 /// The venv's Python (with the `openai` package), for client-compatibility tests.
 pub fn venv_python() -> PathBuf {
     envoy_bin().with_file_name("python")
@@ -300,8 +329,9 @@ impl Stack {
         }
 
         let (port, envoy_admin) = (free_port(), free_port());
-        let template = std::fs::read_to_string(root().join("envoy/envoy.yaml"))
-            .context("reading envoy/envoy.yaml")?;
+        let template_path = FrontDoor::current().template();
+        let template = std::fs::read_to_string(root().join(template_path))
+            .with_context(|| format!("reading {template_path}"))?;
         let wasm = root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
         let config = template
             .replace("{{LISTEN_HOST}}", "127.0.0.1")
@@ -313,7 +343,7 @@ impl Stack {
             .replace("{{MAX_BODY_BYTES}}", &opts.max_body_bytes.to_string())
             .replace("{{FILTER_WASM}}", &wasm.display().to_string());
         if config.contains("{{") {
-            bail!("envoy/envoy.yaml has a placeholder the harness does not fill");
+            bail!("{template_path} has a placeholder the harness does not fill");
         }
         let config_path = dir.join("envoy.yaml");
         std::fs::write(&config_path, config)?;
