@@ -11,7 +11,9 @@
 # {{NAME}}: LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST
 # CONTROL_PLANE_GRPC_PORT CONTROL_PLANE_ADMIN_PORT FILTER_WASM, and
 # MAX_BODY_BYTES (default 33554432, the filter's 32 MiB). The template can be
-# overridden with ENVOY_TEMPLATE.
+# overridden with ENVOY_TEMPLATE. ADMIN_ROUTES=off drops the routes that
+# expose the control plane's admin API on the client port (the block between
+# `# BEGIN admin-routes` and `# END admin-routes`); default on.
 set -eu
 
 if [ $# -lt 1 ]; then
@@ -37,6 +39,13 @@ for name in LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST \
   script="${script}s|{{$name}}|$escaped|g
 "
 done
+
+case "${ADMIN_ROUTES:-on}" in
+  on) ;;
+  off) script="${script}/# BEGIN admin-routes/,/# END admin-routes/d
+" ;;
+  *) echo "render.sh: ADMIN_ROUTES must be on or off" >&2; exit 2 ;;
+esac
 
 tmp="$out.tmp.$$"
 sed -e "$script" "$template" > "$tmp"

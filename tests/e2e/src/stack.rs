@@ -76,6 +76,8 @@ pub struct StackOptions {
     pub max_body_bytes: usize,
     /// Prefill/decode disaggregation instead of `workers` regular workers.
     pub pd: Option<PdOptions>,
+    /// Route the admin API through Envoy's client port (`ADMIN_ROUTES`).
+    pub admin_routes: bool,
 }
 
 /// A PD fleet of simulated workers.
@@ -124,6 +126,7 @@ impl Default for StackOptions {
             ],
             max_body_bytes: 33_554_432,
             pd: None,
+            admin_routes: true,
         }
     }
 }
@@ -329,24 +332,31 @@ impl Stack {
         }
 
         let (port, envoy_admin) = (free_port(), free_port());
+        // The same renderer as the quick start and docker compose.
         let template_path = FrontDoor::current().template();
-        let template = std::fs::read_to_string(root().join(template_path))
-            .with_context(|| format!("reading {template_path}"))?;
         let wasm = root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
-        let config = template
-            .replace("{{LISTEN_HOST}}", "127.0.0.1")
-            .replace("{{LISTEN_PORT}}", &port.to_string())
-            .replace("{{ENVOY_ADMIN_PORT}}", &envoy_admin.to_string())
-            .replace("{{CONTROL_PLANE_HOST}}", "127.0.0.1")
-            .replace("{{CONTROL_PLANE_GRPC_PORT}}", &grpc_port.to_string())
-            .replace("{{CONTROL_PLANE_ADMIN_PORT}}", &admin_port.to_string())
-            .replace("{{MAX_BODY_BYTES}}", &opts.max_body_bytes.to_string())
-            .replace("{{FILTER_WASM}}", &wasm.display().to_string());
-        if config.contains("{{") {
-            bail!("{template_path} has a placeholder the harness does not fill");
-        }
         let config_path = dir.join("envoy.yaml");
-        std::fs::write(&config_path, config)?;
+        let rendered = std::process::Command::new("sh")
+            .arg(root().join("envoy/render.sh"))
+            .arg(&config_path)
+            .env("ENVOY_TEMPLATE", root().join(template_path))
+            .env("LISTEN_HOST", "127.0.0.1")
+            .env("LISTEN_PORT", port.to_string())
+            .env("ENVOY_ADMIN_PORT", envoy_admin.to_string())
+            .env("CONTROL_PLANE_HOST", "127.0.0.1")
+            .env("CONTROL_PLANE_GRPC_PORT", grpc_port.to_string())
+            .env("CONTROL_PLANE_ADMIN_PORT", admin_port.to_string())
+            .env("MAX_BODY_BYTES", opts.max_body_bytes.to_string())
+            .env("FILTER_WASM", wasm.display().to_string())
+            .env("ADMIN_ROUTES", if opts.admin_routes { "on" } else { "off" })
+            .output()
+            .context("running envoy/render.sh")?;
+        if !rendered.status.success() {
+            bail!(
+                "envoy/render.sh failed for {template_path}: {}",
+                String::from_utf8_lossy(&rendered.stderr)
+            );
+        }
         let envoy = Proc::spawn(
             "envoy",
             &envoy_bin(),

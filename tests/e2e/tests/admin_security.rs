@@ -139,3 +139,44 @@ async fn garbage_and_duplicate_worker_urls_are_400() {
     let listed = stack.get_json("/list_workers").await;
     assert_eq!(listed["urls"], json!([existing]));
 }
+
+#[tokio::test]
+async fn the_admin_api_can_be_kept_off_the_client_port() {
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        admin_routes: false,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let extra = SimWorker::start(&stack.dir, &[]).await.unwrap();
+    let client = reqwest::Client::new();
+    // Through Envoy the admin paths are no longer the control plane's: the
+    // request goes to a worker like any other path, which does not know it.
+    let r = client
+        .post(stack.url(&format!("/add_worker?url={}", extra.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = client.get(stack.url("/list_workers")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    // The admin port itself still works, and nothing was added.
+    let listed: serde_json::Value = client
+        .get(format!("{}/list_workers", stack.admin))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["urls"], json!([stack.workers[0].url]));
+    // Inference still flows.
+    let r = stack
+        .post(
+            "/v1/chat/completions",
+            r#"{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+}
