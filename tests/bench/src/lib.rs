@@ -1,0 +1,16 @@
+//! Benchmarks of sglang-envoy against sglang-router (the peer): a load
+//! generator (closed loop for overhead, open-loop Poisson replay of a
+//! multi-turn chat schedule for routing quality), process management for the
+//! contenders, fixtures for the criterion benches of the decision engine,
+//! and the report written to `docs/benchmarks.md`. `scripts/bench.sh` runs
+//! it all; every parameter is in [`params`].
+
+pub mod fixture;
+pub mod loadgen;
+pub mod params;
+pub mod procs;
+pub mod report;
+pub mod results;
+pub mod scenarios;
+pub mod stats;
+pub mod workload;

@@ -1,0 +1,267 @@
+//! `sglang-envoy-bench`: runs scenarios 1 (overhead) and 2 (routing
+//! quality) against every contender, reads scenario 3's results (written by
+//! `bench-engine` and the criterion benches), prints one report with ratios
+//! and goals, and writes it to a file. `scripts/bench.sh` is the way to
+//! call it: it installs, builds and runs the engine benches first.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use sglang_envoy_bench::params::{Profile, OVERHEAD, PEER_PACKAGE, QUALITY};
+use sglang_envoy_bench::procs::Paths;
+use sglang_envoy_bench::report::{self, Inputs, RunInfo};
+use sglang_envoy_bench::results::{read_criterion, EngineResults};
+use sglang_envoy_bench::scenarios;
+
+/// A scenario of the issue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// 1: router overhead in front of an instant worker.
+    Overhead,
+    /// 2: routing quality on a multi-turn chat workload.
+    Quality,
+    /// 3: the decision engine (results read from files).
+    Engine,
+}
+
+/// Benchmarks sglang-envoy against sglang-router.
+#[derive(Debug, Parser)]
+#[command(name = "sglang-envoy-bench")]
+struct Cli {
+    /// Short smoke run (numbers not meant to be quoted).
+    #[arg(long)]
+    quick: bool,
+    /// Scenarios to run (comma-separated).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "overhead,quality,engine"
+    )]
+    scenarios: Vec<Scenario>,
+    /// Only contenders whose label contains one of these (comma-separated),
+    /// e.g. `cache_aware` or `ours`; `direct` always runs in scenario 1.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Repository root.
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// Cargo target directory (default ROOT/target).
+    #[arg(long)]
+    target_dir: Option<PathBuf>,
+    /// The Envoy binary (default ROOT/.venv/bin/envoy).
+    #[arg(long)]
+    envoy: Option<PathBuf>,
+    /// Python of the venv with sglang-router (default ROOT/.venv-bench/bin/python).
+    #[arg(long)]
+    peer_python: Option<PathBuf>,
+    /// Logs, configs and raw results (default ROOT/.run/bench).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// `bench-engine` results (default RUN_DIR/engine.json).
+    #[arg(long)]
+    engine_json: Option<PathBuf>,
+    /// Write the report here too (e.g. docs/benchmarks.md).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn output(cmd: &str, args: &[&str]) -> Option<String> {
+    let o = Command::new(cmd).args(args).output().ok()?;
+    if !o.status.success() {
+        return None;
+    }
+    let s = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    (!s.is_empty()).then_some(s)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn memory() -> String {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            let kb: f64 = t
+                .lines()
+                .find(|l| l.starts_with("MemTotal"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some(format!("{:.1} GiB", kb / 1024.0 / 1024.0))
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn run_info(cli: &Cli, paths: &Paths) -> RunInfo {
+    let unknown = || "unknown".to_string();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    // "envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
+    let envoy = output(&paths.envoy.display().to_string(), &["--version"])
+        .and_then(|v| {
+            let after = v
+                .split("version:")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .to_string();
+            after.split('/').nth(1).map(str::to_string)
+        })
+        .unwrap_or_else(unknown);
+    let peer = output(
+        &paths.peer_python.display().to_string(),
+        &[
+            "-c",
+            "import importlib.metadata as m; print(m.version('sglang-router'))",
+        ],
+    )
+    .unwrap_or_else(unknown);
+    let root = paths.root.display().to_string();
+    let commit =
+        output("git", &["-C", &root, "rev-parse", "--short", "HEAD"]).unwrap_or_else(unknown);
+    let dirty = output(
+        "git",
+        &["-C", &root, "status", "--porcelain", "--untracked-files=no"],
+    )
+    .map_or("", |_| " (with uncommitted changes)");
+    let mut command = String::from("scripts/bench.sh");
+    if cli.quick {
+        command.push_str(" --quick");
+    }
+    RunInfo {
+        profile: if cli.quick { "quick" } else { "full" }.into(),
+        date: output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(unknown),
+        machine: vec![
+            ("CPU".into(), cpu_model()),
+            ("cores (nproc)".into(), cores.to_string()),
+            ("memory".into(), memory()),
+            (
+                "kernel".into(),
+                output("uname", &["-sr"]).unwrap_or_else(unknown),
+            ),
+        ],
+        versions: vec![
+            ("this project".into(), format!("{commit}{dirty}")),
+            (
+                "rustc".into(),
+                output("rustc", &["--version"]).unwrap_or_else(unknown),
+            ),
+            ("envoy".into(), envoy),
+            (
+                "peer".into(),
+                format!("sglang-router {peer} (pinned {PEER_PACKAGE})"),
+            ),
+        ],
+        command,
+    }
+}
+
+fn paths(cli: &Cli) -> anyhow::Result<Paths> {
+    let root = match &cli.root {
+        Some(r) => r.clone(),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    };
+    let root = root.canonicalize().context("repository root")?;
+    let target = cli
+        .target_dir
+        .clone()
+        .unwrap_or_else(|| root.join("target"));
+    let run_dir = cli
+        .run_dir
+        .clone()
+        .unwrap_or_else(|| root.join(".run/bench"));
+    std::fs::create_dir_all(&run_dir)?;
+    Ok(Paths {
+        sim: target.join("release/sglang-sim-worker"),
+        instant_worker: target.join("release/bench-instant-worker"),
+        control_plane: target.join("release/sglang-envoy-control-plane"),
+        wasm: target.join("wasm32-wasip1/release/sglang_envoy_filter.wasm"),
+        envoy: cli
+            .envoy
+            .clone()
+            .unwrap_or_else(|| root.join(".venv/bin/envoy")),
+        peer_python: cli
+            .peer_python
+            .clone()
+            .unwrap_or_else(|| root.join(".venv-bench/bin/python")),
+        run_dir,
+        root,
+    })
+}
+
+fn save<T: serde::Serialize>(dir: &Path, name: &str, v: &T) -> anyhow::Result<()> {
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_string_pretty(v)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let paths = paths(&cli)?;
+    let profile = Profile::select(cli.quick);
+    let keep = |c: &&sglang_envoy_bench::params::Contender| {
+        cli.only.is_empty()
+            || **c == sglang_envoy_bench::params::Contender::Direct
+            || cli.only.iter().any(|o| c.label().contains(o.as_str()))
+    };
+    let mut inputs = Inputs::default();
+
+    if cli.scenarios.contains(&Scenario::Overhead) {
+        eprintln!("==> scenario 1: overhead");
+        let contenders: Vec<_> = OVERHEAD.iter().filter(keep).copied().collect();
+        let rows = scenarios::overhead(&paths, &profile.overhead, &contenders).await?;
+        save(&paths.run_dir, "overhead.json", &rows)?;
+        inputs.overhead = Some(rows);
+    }
+    if cli.scenarios.contains(&Scenario::Quality) {
+        eprintln!("==> scenario 2: routing quality");
+        let contenders: Vec<_> = QUALITY.iter().filter(keep).copied().collect();
+        let rows = scenarios::quality(&paths, &profile.quality, &contenders).await?;
+        save(&paths.run_dir, "quality.json", &rows)?;
+        inputs.quality = Some(rows);
+    }
+    if cli.scenarios.contains(&Scenario::Engine) {
+        let path = cli
+            .engine_json
+            .clone()
+            .unwrap_or_else(|| paths.run_dir.join("engine.json"));
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let e: EngineResults = serde_json::from_str(&text)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                inputs.engine = Some(e);
+            }
+            Err(_) => eprintln!(
+                "no {} (run bench-engine first); scenario 3 left out",
+                path.display()
+            ),
+        }
+        let target = cli
+            .target_dir
+            .clone()
+            .unwrap_or_else(|| paths.root.join("target"));
+        inputs.criterion = read_criterion(&target.join("criterion"));
+    }
+
+    let info = run_info(&cli, &paths);
+    let doc = report::render(&info, &inputs, &profile);
+    println!("{doc}");
+    if let Some(out) = &cli.out {
+        std::fs::write(out, &doc).with_context(|| format!("writing {}", out.display()))?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}

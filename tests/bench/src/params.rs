@@ -1,0 +1,277 @@
+//! Every parameter of the benchmarks, in one place. A full run
+//! (`scripts/bench.sh`) uses [`Profile::full`]; `--quick` uses
+//! [`Profile::quick`], a short smoke run whose numbers are not meant to be
+//! quoted. Change a number here, not in the scripts.
+
+use std::time::Duration;
+
+/// Seed of every random choice (workload text, arrivals, users). Fixed so
+/// that two runs send the same requests in the same order at the same times.
+pub const SEED: u64 = 0x5eed_0e11_7000_0001;
+
+/// The peer: sglang-router from PyPI, installed by `scripts/bench.sh` into its
+/// own venv. Pinned so that results compare across runs.
+pub const PEER_PACKAGE: &str = "sglang-router==0.3.2";
+
+/// Who is benchmarked. Adding a contender is one line in [`OVERHEAD`] or
+/// [`QUALITY`] (e.g. `Contender::ours("my_policy")` once the control plane
+/// knows `--policy my_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contender {
+    /// Straight to the worker, no router: the floor of scenario 1.
+    Direct,
+    /// sglang-router with this `--policy`.
+    Peer(&'static str),
+    /// This project (control plane + Envoy with the wasm filter) with this
+    /// `--policy`.
+    Ours(&'static str),
+}
+
+impl Contender {
+    /// This project with `policy`.
+    pub const fn ours(policy: &'static str) -> Contender {
+        Contender::Ours(policy)
+    }
+
+    /// The peer with `policy`.
+    pub const fn peer(policy: &'static str) -> Contender {
+        Contender::Peer(policy)
+    }
+
+    /// Name in tables: `direct`, `peer cache_aware`, `ours cache_aware`.
+    pub fn label(&self) -> String {
+        match self {
+            Contender::Direct => "direct".into(),
+            Contender::Peer(p) => format!("peer {p}"),
+            Contender::Ours(p) => format!("ours {p}"),
+        }
+    }
+}
+
+/// Scenario 1 contenders: the floor, the peer and this project, cache-aware.
+pub const OVERHEAD: &[Contender] = &[
+    Contender::Direct,
+    Contender::peer("cache_aware"),
+    Contender::ours("cache_aware"),
+];
+
+/// Scenario 2 contenders, run one after the other on fresh workers. The first
+/// peer entry is the reference the goals compare against.
+pub const QUALITY: &[Contender] = &[
+    Contender::peer("cache_aware"),
+    Contender::ours("cache_aware"),
+    Contender::ours("power_of_two"),
+    Contender::ours("round_robin"),
+    Contender::ours("random"),
+    Contender::peer("round_robin"),
+    Contender::peer("random"),
+];
+
+/// Scenario 1: router overhead in front of a worker that answers at once
+/// (`bench-instant-worker`: reads the body, answers a fixed completion).
+#[derive(Debug, Clone)]
+pub struct OverheadParams {
+    /// Closed-loop clients, each sending its next request when the last
+    /// answer is read.
+    pub concurrency: Vec<usize>,
+    /// Approximate sizes of the chat bodies, in bytes.
+    pub body_bytes: Vec<usize>,
+    /// Requests before measuring (connections, trees and caches warm up).
+    pub warmup: Duration,
+    /// Measured time per cell.
+    pub measure: Duration,
+    /// Every cell runs each contender this many times, in alternating order
+    /// (A B C, C B A, ...); the table shows the median round.
+    pub rounds: usize,
+    /// `max_tokens` of each request (the worker answers at once anyway).
+    pub max_tokens: u32,
+    /// Distinct bodies per size; clients cycle through them so that the
+    /// cache-aware trees see new text, not one prompt over and over.
+    pub distinct_bodies: usize,
+}
+
+/// Scenario 2: routing quality on a multi-turn chat workload.
+///
+/// Sizing (the simulator's toy tokenizer makes 4 characters one token):
+/// a system prompt is 6000 chars = 1500 tokens = 0.6 s of prefill at
+/// 400 us/token; a new turn (user message + the previous assistant answer +
+/// role tags) is ~650 chars = ~165 tokens = ~66 ms when the history is
+/// cached. A conversation reaches ~6000 + 6 x 650 chars = ~2500 tokens.
+/// With perfect affinity each worker's working set is its groups' system
+/// prompts plus its active users' histories (~15k tokens), which fits the
+/// 20k-token cache; spreading every user over every worker needs ~4x that,
+/// which does not. At 12 requests/s and ~66 ms of prefill each, 4 workers
+/// are ~20% busy with perfect caching; misses add to that, and the rate was
+/// calibrated so the peer's cache_aware keeps them around 70% busy (see
+/// docs/benchmarks.md, column "busy").
+#[derive(Debug, Clone)]
+pub struct QualityParams {
+    /// Simulated workers.
+    pub workers: usize,
+    /// Distinct long system prompts, each shared by a group of users.
+    pub system_prompts: usize,
+    /// Characters of each system prompt.
+    pub system_prompt_chars: usize,
+    /// Users in conversation at any time; a user who has had all their
+    /// turns is replaced by a new one (in a random group).
+    pub active_users: usize,
+    /// Turns of each conversation.
+    pub turns_per_user: usize,
+    /// Characters of a user message (uniform in this range).
+    pub user_message_chars: (usize, usize),
+    /// Characters of the assistant answer kept in the history.
+    pub assistant_chars: usize,
+    /// A user's next turn comes at least this long after their last one.
+    pub min_think: Duration,
+    /// Mean Poisson arrival rate, requests per second.
+    pub rate: f64,
+    /// Arrivals are generated for this long.
+    pub duration: Duration,
+    /// After the last arrival, requests still running get this long to end;
+    /// then they are cut and counted as unfinished.
+    pub drain: Duration,
+    /// `max_tokens` of each request.
+    pub max_tokens: u32,
+    /// Simulated prefill time per uncached prompt token.
+    pub prefill_us_per_token: u64,
+    /// Simulated time per generated token.
+    pub decode_us_per_token: u64,
+    /// Prefix-cache capacity per worker, in tokens (LRU eviction).
+    pub cache_tokens: usize,
+}
+
+impl QualityParams {
+    /// Flags of each simulated worker.
+    pub fn sim_args(&self) -> Vec<String> {
+        vec![
+            "--prefill-us-per-token".into(),
+            self.prefill_us_per_token.to_string(),
+            "--decode-us-per-token".into(),
+            self.decode_us_per_token.to_string(),
+            "--max-running-prefills".into(),
+            "1".into(),
+            "--cache-tokens".into(),
+            self.cache_tokens.to_string(),
+            "--log-level".into(),
+            "warn".into(),
+        ]
+    }
+}
+
+/// Scenario 3: the decision engine in-process (criterion benches and the
+/// `bench-engine` helper).
+#[derive(Debug, Clone)]
+pub struct EngineParams {
+    /// Prompt sizes in bytes.
+    pub prompt_bytes: Vec<usize>,
+    /// Registered healthy workers.
+    pub workers: Vec<usize>,
+    /// Text routed into the tree per worker before measuring.
+    pub fill_chars_per_worker: usize,
+    /// Cap on the text routed in total (keeps 256 workers within memory and
+    /// time on a small machine); the per-worker fill is lowered to fit.
+    pub fill_chars_total_max: usize,
+    /// Individually timed decisions per cell (for p50/p99).
+    pub timed_decisions: usize,
+}
+
+/// Shape of the documents the engine benches fill the tree with: a shared
+/// system prompt followed by a conversation of its own, long enough that
+/// the largest prompt is a prefix of one.
+pub mod engine_docs {
+    /// Distinct system prompts.
+    pub const SYSTEM_PROMPTS: usize = 16;
+    /// Characters of each system prompt. Below 30% of a document, so that
+    /// filling spreads documents over workers instead of following the match.
+    pub const SYSTEM_PROMPT_CHARS: usize = 4096;
+    /// Characters of a whole document.
+    pub const DOC_CHARS: usize = 40 * 1024;
+    /// Characters that differ per measured prompt at its end (a new turn);
+    /// at most an eighth of the prompt.
+    pub const MAX_NEW_TAIL: usize = 256;
+}
+
+/// All scenarios' parameters.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// Scenario 1.
+    pub overhead: OverheadParams,
+    /// Scenario 2.
+    pub quality: QualityParams,
+    /// Scenario 3.
+    pub engine: EngineParams,
+}
+
+impl Profile {
+    /// The documented run.
+    pub fn full() -> Profile {
+        Profile {
+            overhead: OverheadParams {
+                concurrency: vec![1, 16, 64],
+                body_bytes: vec![1024, 16 * 1024],
+                warmup: Duration::from_millis(1000),
+                measure: Duration::from_secs(4),
+                rounds: 2,
+                max_tokens: 8,
+                distinct_bodies: 512,
+            },
+            quality: QualityParams {
+                workers: 4,
+                system_prompts: 6,
+                system_prompt_chars: 6000,
+                active_users: 64,
+                turns_per_user: 6,
+                user_message_chars: (300, 600),
+                assistant_chars: 200,
+                min_think: Duration::from_secs(1),
+                rate: 36.0,
+                duration: Duration::from_secs(40),
+                drain: Duration::from_secs(20),
+                max_tokens: 16,
+                prefill_us_per_token: 400,
+                decode_us_per_token: 20_000,
+                cache_tokens: 20_000,
+            },
+            engine: EngineParams {
+                prompt_bytes: vec![256, 4096, 32 * 1024],
+                workers: vec![8, 64, 256],
+                fill_chars_per_worker: 1 << 20,
+                fill_chars_total_max: 256 << 20,
+                timed_decisions: 20_000,
+            },
+        }
+    }
+
+    /// A smoke run of a minute or two: same shapes, shorter and smaller.
+    pub fn quick() -> Profile {
+        let mut p = Profile::full();
+        p.overhead.warmup = Duration::from_millis(300);
+        p.overhead.measure = Duration::from_secs(1);
+        p.overhead.rounds = 1;
+        p.quality.duration = Duration::from_secs(12);
+        p.quality.drain = Duration::from_secs(8);
+        p.engine.fill_chars_per_worker = 64 << 10;
+        p.engine.timed_decisions = 2_000;
+        p
+    }
+
+    /// [`Profile::quick`] when `quick`, else [`Profile::full`].
+    pub fn select(quick: bool) -> Profile {
+        if quick {
+            Profile::quick()
+        } else {
+            Profile::full()
+        }
+    }
+}
+
+/// Environment variable selecting the quick profile in the criterion benches
+/// (which take no custom flags): `SGLANG_BENCH_QUICK=1`.
+pub const QUICK_ENV: &str = "SGLANG_BENCH_QUICK";
+
+/// The profile the criterion benches and `bench-engine` use, from
+/// [`QUICK_ENV`].
+pub fn profile_from_env() -> Profile {
+    let quick = std::env::var(QUICK_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+    Profile::select(quick)
+}

@@ -1,0 +1,349 @@
+//! Starting and stopping what is benchmarked: simulated workers, the peer
+//! (sglang-router), and this project's stack (control plane + Envoy with the
+//! wasm filter, started like `scripts/quickstart.sh` does). Every process is
+//! killed when its handle is dropped.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use crate::params::Contender;
+
+/// Where the binaries and the venvs are.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// Repository root.
+    pub root: PathBuf,
+    /// `sglang-sim-worker`.
+    pub sim: PathBuf,
+    /// `bench-instant-worker` (scenario 1's worker).
+    pub instant_worker: PathBuf,
+    /// `sglang-envoy-control-plane`.
+    pub control_plane: PathBuf,
+    /// The filter's `.wasm`.
+    pub wasm: PathBuf,
+    /// The `envoy` binary.
+    pub envoy: PathBuf,
+    /// The Python of the venv with sglang-router.
+    pub peer_python: PathBuf,
+    /// Logs and rendered configs.
+    pub run_dir: PathBuf,
+}
+
+/// A free loopback port (bound then released; a race is possible but rare).
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// A child process, killed on drop.
+pub struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `bin args`, output to `dir/name.log`.
+    pub fn spawn(name: &str, bin: &Path, args: &[String], dir: &Path) -> anyhow::Result<Proc> {
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Proc {
+            name: name.to_string(),
+            child,
+            log,
+        })
+    }
+
+    /// Fails when the process has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited ({status}); log {}:\n{}",
+                self.name,
+                self.log.display(),
+                self.tail()
+            );
+        }
+        Ok(())
+    }
+
+    /// The last lines of its log.
+    pub fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// GET `url` until it answers 2xx, or fail after `timeout`; fails early when
+/// one of `procs` dies.
+pub async fn wait_ok(url: &str, timeout: Duration, procs: &mut [&mut Proc]) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(r) = client.get(url).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        for p in procs.iter_mut() {
+            p.check_alive()?;
+        }
+        if Instant::now() >= deadline {
+            let logs: Vec<String> = procs
+                .iter()
+                .map(|p| format!("--- {}:\n{}", p.name, p.tail()))
+                .collect();
+            bail!("timed out waiting for {url}\n{}", logs.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// GET `url` as JSON.
+pub async fn get_json(url: &str) -> anyhow::Result<Value> {
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    let r = client.get(url).send().await?.error_for_status()?;
+    Ok(r.json().await?)
+}
+
+/// Simulated SGLang workers.
+pub struct Sims {
+    /// `http://127.0.0.1:port` of each.
+    pub urls: Vec<String>,
+    procs: Vec<Proc>,
+}
+
+impl Sims {
+    /// Starts `n` workers (`bin args --port P`) and waits for their `/health`.
+    pub async fn start(
+        paths: &Paths,
+        bin: &Path,
+        n: usize,
+        args: &[String],
+        tag: &str,
+    ) -> anyhow::Result<Sims> {
+        let mut urls = Vec::new();
+        let mut procs = Vec::new();
+        for i in 0..n {
+            let port = free_port()?;
+            let mut all = vec!["--port".to_string(), port.to_string()];
+            all.extend_from_slice(args);
+            let mut p = Proc::spawn(&format!("{tag}-worker-{i}"), bin, &all, &paths.run_dir)?;
+            let url = format!("http://127.0.0.1:{port}");
+            wait_ok(
+                &format!("{url}/health"),
+                Duration::from_secs(20),
+                &mut [&mut p],
+            )
+            .await?;
+            urls.push(url);
+            procs.push(p);
+        }
+        Ok(Sims { urls, procs })
+    }
+
+    /// Each worker's `/_sim/stats`.
+    pub async fn stats(&self) -> anyhow::Result<Vec<Value>> {
+        let mut out = Vec::new();
+        for u in &self.urls {
+            out.push(get_json(&format!("{u}/_sim/stats")).await?);
+        }
+        Ok(out)
+    }
+
+    /// Fails when a worker has died.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        self.procs.iter_mut().try_for_each(Proc::check_alive)
+    }
+}
+
+/// A running contender: where clients send requests.
+pub struct Running {
+    /// `http://127.0.0.1:port` clients use.
+    pub base: String,
+    procs: Vec<Proc>,
+}
+
+impl Running {
+    /// Fails when one of its processes has died.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        self.procs.iter_mut().try_for_each(Proc::check_alive)
+    }
+}
+
+/// Starts `contender` in front of `workers` and waits until a request
+/// through it reaches a worker. `Direct` is the first worker itself.
+pub async fn start(
+    paths: &Paths,
+    contender: Contender,
+    workers: &[String],
+    tag: &str,
+) -> anyhow::Result<Running> {
+    match contender {
+        Contender::Direct => Ok(Running {
+            base: workers.first().cloned().context("no worker")?,
+            procs: Vec::new(),
+        }),
+        Contender::Peer(policy) => start_peer(paths, policy, workers, tag).await,
+        Contender::Ours(policy) => start_ours(paths, policy, workers, tag).await,
+    }
+}
+
+async fn start_peer(
+    paths: &Paths,
+    policy: &str,
+    workers: &[String],
+    tag: &str,
+) -> anyhow::Result<Running> {
+    let (port, metrics) = (free_port()?, free_port()?);
+    let mut args: Vec<String> = [
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(port.to_string());
+    args.push("--policy".into());
+    args.push(policy.into());
+    args.extend(
+        [
+            "--prometheus-host",
+            "127.0.0.1",
+            "--log-level",
+            "warn",
+            "--worker-startup-check-interval",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    args.push("--prometheus-port".into());
+    args.push(metrics.to_string());
+    args.push("--worker-urls".into());
+    args.extend(workers.iter().cloned());
+    let mut p = Proc::spawn(
+        &format!("{tag}-peer-{policy}"),
+        &paths.peer_python,
+        &args,
+        &paths.run_dir,
+    )?;
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ok(
+        &format!("{base}/v1/models"),
+        Duration::from_secs(90),
+        &mut [&mut p],
+    )
+    .await?;
+    Ok(Running {
+        base,
+        procs: vec![p],
+    })
+}
+
+async fn start_ours(
+    paths: &Paths,
+    policy: &str,
+    workers: &[String],
+    tag: &str,
+) -> anyhow::Result<Running> {
+    let (admin, grpc) = (free_port()?, free_port()?);
+    let mut args = vec![
+        "--admin-port".to_string(),
+        admin.to_string(),
+        "--grpc-port".into(),
+        grpc.to_string(),
+        "--policy".into(),
+        policy.into(),
+        "--log-level".into(),
+        "warn".into(),
+        "--worker-urls".into(),
+    ];
+    args.extend(workers.iter().cloned());
+    let mut cp = Proc::spawn(
+        &format!("{tag}-cp-{policy}"),
+        &paths.control_plane,
+        &args,
+        &paths.run_dir,
+    )?;
+    wait_ok(
+        &format!("http://127.0.0.1:{admin}/health"),
+        Duration::from_secs(30),
+        &mut [&mut cp],
+    )
+    .await?;
+
+    let (port, envoy_admin) = (free_port()?, free_port()?);
+    let template = std::fs::read_to_string(paths.root.join("envoy/envoy.yaml"))
+        .context("reading envoy/envoy.yaml")?;
+    // The same placeholders scripts/lib.sh render_envoy_config fills.
+    let config = template
+        .replace("{{LISTEN_HOST}}", "127.0.0.1")
+        .replace("{{LISTEN_PORT}}", &port.to_string())
+        .replace("{{ENVOY_ADMIN_PORT}}", &envoy_admin.to_string())
+        .replace("{{CONTROL_PLANE_HOST}}", "127.0.0.1")
+        .replace("{{CONTROL_PLANE_GRPC_PORT}}", &grpc.to_string())
+        .replace("{{CONTROL_PLANE_ADMIN_PORT}}", &admin.to_string())
+        .replace("{{MAX_BODY_BYTES}}", "33554432")
+        .replace("{{FILTER_WASM}}", &paths.wasm.display().to_string());
+    if config.contains("{{") {
+        bail!("envoy/envoy.yaml has a placeholder the benchmark does not fill");
+    }
+    let config_path = paths.run_dir.join(format!("{tag}-envoy-{policy}.yaml"));
+    std::fs::write(&config_path, config)?;
+    // As scripts/quickstart.sh, plus --disable-hot-restart so that it never
+    // collides with another Envoy on the machine.
+    let mut envoy = Proc::spawn(
+        &format!("{tag}-envoy-{policy}"),
+        &paths.envoy,
+        &[
+            "-c".into(),
+            config_path.display().to_string(),
+            "--concurrency".into(),
+            "2".into(),
+            "--disable-hot-restart".into(),
+            "--log-level".into(),
+            "warn".into(),
+        ],
+        &paths.run_dir,
+    )?;
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ok(
+        &format!("{base}/v1/models"),
+        Duration::from_secs(60),
+        &mut [&mut cp, &mut envoy],
+    )
+    .await?;
+    Ok(Running {
+        base,
+        procs: vec![envoy, cp],
+    })
+}
