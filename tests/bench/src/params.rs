@@ -25,6 +25,9 @@ pub enum Contender {
     /// This project (control plane + Envoy with the wasm filter) with this
     /// `--policy`.
     Ours(&'static str),
+    /// This project through Envoy's ext_proc filter instead of wasm
+    /// (`envoy/envoy-ext-proc.yaml`) with this `--policy`.
+    OursExtProc(&'static str),
 }
 
 impl Contender {
@@ -44,6 +47,7 @@ impl Contender {
             Contender::Direct => "direct".into(),
             Contender::Peer(p) => format!("peer {p}"),
             Contender::Ours(p) => format!("ours {p}"),
+            Contender::OursExtProc(p) => format!("ours ext_proc {p}"),
         }
     }
 }
@@ -53,12 +57,14 @@ pub const OVERHEAD: &[Contender] = &[
     Contender::Direct,
     Contender::peer("cache_aware"),
     Contender::ours("cache_aware"),
+    Contender::OursExtProc("cache_aware"),
 ];
 
 /// Scenario 2 contenders, run one after the other on fresh workers. The first
 /// peer entry is the reference the goals compare against.
 pub const QUALITY: &[Contender] = &[
     Contender::peer("cache_aware"),
+    Contender::ours("cost_aware"),
     Contender::ours("cache_aware"),
     Contender::ours("power_of_two"),
     Contender::ours("round_robin"),

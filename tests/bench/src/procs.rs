@@ -210,7 +210,13 @@ pub async fn start(
             procs: Vec::new(),
         }),
         Contender::Peer(policy) => start_peer(paths, policy, workers, tag).await,
-        Contender::Ours(policy) => start_ours(paths, policy, workers, tag).await,
+        Contender::Ours(policy) => {
+            start_ours(paths, "envoy/envoy.yaml", policy, workers, tag).await
+        }
+        Contender::OursExtProc(policy) => {
+            let tag = format!("{tag}-extproc");
+            start_ours(paths, "envoy/envoy-ext-proc.yaml", policy, workers, &tag).await
+        }
     }
 }
 
@@ -271,6 +277,7 @@ async fn start_peer(
 
 async fn start_ours(
     paths: &Paths,
+    template_path: &str,
     policy: &str,
     workers: &[String],
     tag: &str,
@@ -302,8 +309,8 @@ async fn start_ours(
     .await?;
 
     let (port, envoy_admin) = (free_port()?, free_port()?);
-    let template = std::fs::read_to_string(paths.root.join("envoy/envoy.yaml"))
-        .context("reading envoy/envoy.yaml")?;
+    let template = std::fs::read_to_string(paths.root.join(template_path))
+        .with_context(|| format!("reading {template_path}"))?;
     // The same placeholders scripts/lib.sh render_envoy_config fills.
     let config = template
         .replace("{{LISTEN_HOST}}", "127.0.0.1")
@@ -315,7 +322,7 @@ async fn start_ours(
         .replace("{{MAX_BODY_BYTES}}", "33554432")
         .replace("{{FILTER_WASM}}", &paths.wasm.display().to_string());
     if config.contains("{{") {
-        bail!("envoy/envoy.yaml has a placeholder the benchmark does not fill");
+        bail!("{template_path} has a placeholder the benchmark does not fill");
     }
     let config_path = paths.run_dir.join(format!("{tag}-envoy-{policy}.yaml"));
     std::fs::write(&config_path, config)?;
