@@ -92,6 +92,11 @@ pub struct Args {
     #[arg(long, default_value_t = 32)]
     pub cost_per_request: u64,
 
+    /// cost_aware: weight of the prefill work queued on a worker against the
+    /// prefill a request would do there (0..=1 favours cache hits).
+    #[arg(long, default_value_t = 0.5)]
+    pub cost_queue_weight: f64,
+
     /// Seconds between LRU evictions of the approximate trees.
     #[arg(long, default_value_t = 60)]
     pub eviction_interval_secs: u64,

@@ -55,6 +55,7 @@ fn engine(pd: bool, dp: Option<u32>, cost: bool) -> Engine {
             per_request_cost: 32,
             max_tree_size: 1 << 16,
             min_match: 32,
+            queue_weight: 0.5,
         }))
     } else {
         Arc::new(CacheAware::new(CacheAwareConfig {

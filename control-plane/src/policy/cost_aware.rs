@@ -13,6 +13,12 @@ pub struct CostAwareConfig {
     pub per_request_cost: u64,
     /// Per-worker tree size kept by eviction.
     pub max_tree_size: usize,
+    /// Weight of the work already queued on a worker against the prefill
+    /// this request would do there. Queued work is counted until its
+    /// requests end, decode included, so it overstates the real prefill
+    /// queue; below 1 the policy stays longer with workers that hold the
+    /// prefix (more cache hits) before replicating it.
+    pub queue_weight: f64,
     /// Matches shorter than this many bytes count as none: they are under
     /// a KV page (a token is ~4 bytes), and following them would pile
     /// unrelated prompts onto one worker's cache for no saving.
@@ -25,6 +31,7 @@ impl From<&Args> for CostAwareConfig {
             per_request_cost: a.cost_per_request,
             max_tree_size: a.max_tree_size,
             min_match: MIN_MATCH,
+            queue_weight: a.cost_queue_weight,
         }
     }
 }
@@ -66,8 +73,9 @@ impl CostAware {
     }
 
     fn cost(&self, w: &Worker, uncached: u64) -> u64 {
+        let queued = (w.pending_work() as f64 * self.config.queue_weight) as u64;
         uncached
-            .saturating_add(w.pending_work())
+            .saturating_add(queued)
             .saturating_add(w.load() as u64 * self.config.per_request_cost)
     }
 }
@@ -88,19 +96,24 @@ impl Policy for CostAware {
                 .map(|m| if m < self.config.min_match { 0 } else { m })
                 .collect()
         };
-        // (cost, load, tree size): lowest wins, random among equals.
-        let keys: Vec<(u64, usize, usize)> = workers
+        // Lowest (cost, load) wins; among equals the smaller tree, then at
+        // random. Tree sizes are read only for the tied few.
+        let keys: Vec<(u64, usize)> = workers
             .iter()
             .zip(&matched)
-            .map(|(w, &m)| {
-                (
-                    self.cost(w, len.saturating_sub(m as u64)),
-                    w.load(),
-                    self.tree.tenant_size(w.tenant),
-                )
-            })
+            .map(|(w, &m)| (self.cost(w, len.saturating_sub(m as u64)), w.load()))
             .collect();
-        let index = lowest_at_random(&keys);
+        let best = keys.iter().copied().min().unwrap_or_default();
+        let tied: Vec<usize> = (0..keys.len()).filter(|&i| keys[i] == best).collect();
+        let index = if tied.len() > 1 {
+            let sizes: Vec<usize> = tied
+                .iter()
+                .map(|&i| self.tree.tenant_size(workers[i].tenant))
+                .collect();
+            tied[lowest_at_random(&sizes)]
+        } else {
+            tied.first().copied().unwrap_or(0)
+        };
         let held = matched.get(index).copied().unwrap_or(0);
         if !text.is_empty() {
             if let Some(w) = workers.get(index) {
@@ -156,6 +169,7 @@ mod tests {
             per_request_cost: 0,
             max_tree_size: 1 << 20,
             min_match: MIN_MATCH,
+            queue_weight: 1.0,
         })
     }
 
