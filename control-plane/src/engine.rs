@@ -312,12 +312,17 @@ impl Engine {
         ticket: u64,
         inject: Vec<BodyField>,
     ) -> RouteResponse {
+        let mut offered = Vec::with_capacity(1 + self.options.max_fallbacks);
+        offered.push(units[index].endpoint);
         let mut endpoints = Vec::with_capacity(1 + self.options.max_fallbacks);
         endpoints.push(units[index].endpoint_text.clone());
         while endpoints.len() <= self.options.max_fallbacks {
             // Ranks of a server already offered share its endpoint.
-            match least_loaded(units, |i| !endpoints.contains(&units[i].endpoint_text)) {
-                Some(i) => endpoints.push(units[i].endpoint_text.clone()),
+            match least_loaded(units, |i| !offered.contains(&units[i].endpoint)) {
+                Some(i) => {
+                    offered.push(units[i].endpoint);
+                    endpoints.push(units[i].endpoint_text.clone());
+                }
                 None => break,
             }
         }

@@ -94,26 +94,43 @@ pub(crate) fn matched_lens(matched: &PrefixMatch, workers: &[Arc<Worker>]) -> Ve
 /// are broken at random so equal workers share traffic (sglang-router always
 /// picks the first, which sends idle-time traffic to one worker).
 pub(crate) fn least_loaded(workers: &[Arc<Worker>], keep: impl Fn(usize) -> bool) -> Option<usize> {
-    let mut best: Option<(usize, usize)> = None;
-    let mut ties = 0u32;
-    for (i, w) in workers.iter().enumerate().filter(|(i, _)| keep(*i)) {
+    // Two passes and one random draw: the minimum and how many share it,
+    // then the chosen one among them. (Reservoir sampling drew a random
+    // number per tie, which at 64 idle workers was a visible share of a
+    // decision.)
+    let mut min = usize::MAX;
+    let mut ties = 0usize;
+    for (i, w) in workers.iter().enumerate() {
+        if !keep(i) {
+            continue;
+        }
         let load = w.load();
-        match best {
-            Some((_, b)) if load > b => {}
-            Some((_, b)) if load == b => {
-                // Reservoir sampling over the tied workers.
-                ties += 1;
-                if rand::random_range(0..=ties) == 0 {
-                    best = Some((i, load));
-                }
-            }
-            _ => {
-                best = Some((i, load));
-                ties = 0;
-            }
+        if load < min {
+            (min, ties) = (load, 1);
+        } else if load == min {
+            ties += 1;
         }
     }
-    best.map(|(i, _)| i)
+    if ties == 0 {
+        return None;
+    }
+    let mut pick = if ties == 1 {
+        0
+    } else {
+        rand::random_range(0..ties)
+    };
+    // Loads may move between the passes; then the last candidate seen wins.
+    let mut last = None;
+    for (i, w) in workers.iter().enumerate() {
+        if keep(i) && w.load() <= min {
+            if pick == 0 {
+                return Some(i);
+            }
+            pick -= 1;
+            last = Some(i);
+        }
+    }
+    last.or_else(|| (0..workers.len()).find(|&i| keep(i)))
 }
 
 #[cfg(test)]

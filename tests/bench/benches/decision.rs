@@ -11,6 +11,10 @@ use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criteri
 use sglang_envoy_bench::fixture::{self, Fixture};
 use sglang_envoy_bench::params::profile_from_env;
 
+/// The control plane's allocator (see its `main.rs`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn decision(c: &mut Criterion) {
     let p = profile_from_env().engine;
     let mut group = c.benchmark_group("decision");

@@ -11,6 +11,10 @@ use sglang_envoy_bench::fixture;
 use sglang_envoy_bench::params::profile_from_env;
 use sglang_envoy_bench::workload::Prompts;
 
+/// The control plane's allocator (see its `main.rs`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Tenants of the benched tree.
 const TENANTS: u32 = 64;
 

@@ -6,7 +6,7 @@
 //! Parameters come from `params.rs` (`SGLANG_BENCH_QUICK=1` for the quick
 //! profile).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Instant;
@@ -19,16 +19,17 @@ use sglang_envoy_bench::results::{DecisionCell, EngineFill, EngineResults, TreeM
 use sglang_envoy_bench::stats::Percentiles;
 use sglang_envoy_control_plane::tree::Tree;
 
-/// The system allocator, counting live heap bytes.
+/// The control plane's allocator (mimalloc, as in its `main.rs`), counting
+/// live heap bytes.
 struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 
-// SAFETY: every call is forwarded unchanged to the system allocator; the
+// SAFETY: every call is forwarded unchanged to mimalloc; the
 // counter has no effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
+        let p = mimalloc::MiMalloc.alloc(layout);
         if !p.is_null() {
             LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
         }
@@ -36,12 +37,12 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
+        mimalloc::MiMalloc.dealloc(ptr, layout);
         LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
+        let p = mimalloc::MiMalloc.alloc_zeroed(layout);
         if !p.is_null() {
             LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
         }
@@ -49,7 +50,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
+        let p = mimalloc::MiMalloc.realloc(ptr, layout, new_size);
         if !p.is_null() {
             LIVE.fetch_add(
                 new_size as isize - layout.size() as isize,
