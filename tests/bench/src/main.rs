@@ -215,6 +215,7 @@ async fn main() -> anyhow::Result<()> {
     let keep = |c: &&sglang_envoy_bench::params::Contender| {
         cli.only.is_empty()
             || **c == sglang_envoy_bench::params::Contender::Direct
+            || **c == sglang_envoy_bench::params::Contender::EnvoyAlone
             || cli.only.iter().any(|o| c.label().contains(o.as_str()))
     };
     let mut inputs = Inputs::default();

@@ -20,6 +20,10 @@ pub const PEER_PACKAGE: &str = "sglang-router==0.3.2";
 pub enum Contender {
     /// Straight to the worker, no router: the floor of scenario 1.
     Direct,
+    /// Envoy from `envoy/envoy.yaml` without the wasm filter (workers from
+    /// the control plane's EDS, Envoy's round robin): what any router inside
+    /// Envoy pays before it decides anything.
+    EnvoyAlone,
     /// sglang-router with this `--policy`.
     Peer(&'static str),
     /// This project (control plane + Envoy with the wasm filter) with this
@@ -45,6 +49,7 @@ impl Contender {
     pub fn label(&self) -> String {
         match self {
             Contender::Direct => "direct".into(),
+            Contender::EnvoyAlone => "envoy alone (no filter)".into(),
             Contender::Peer(p) => format!("peer {p}"),
             Contender::Ours(p) => format!("ours {p}"),
             Contender::OursExtProc(p) => format!("ours ext_proc {p}"),
@@ -52,9 +57,11 @@ impl Contender {
     }
 }
 
-/// Scenario 1 contenders: the floor, the peer and this project, cache-aware.
+/// Scenario 1 contenders: the floors (the worker, Envoy with no filter),
+/// the peer and this project, cache-aware.
 pub const OVERHEAD: &[Contender] = &[
     Contender::Direct,
+    Contender::EnvoyAlone,
     Contender::peer("cache_aware"),
     Contender::ours("cache_aware"),
     Contender::OursExtProc("cache_aware"),

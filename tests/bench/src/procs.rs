@@ -210,6 +210,10 @@ pub async fn start(
             procs: Vec::new(),
         }),
         Contender::Peer(policy) => start_peer(paths, policy, workers, tag).await,
+        Contender::EnvoyAlone => {
+            let tag = format!("{tag}-alone");
+            start_ours(paths, ENVOY_ALONE, "round_robin", workers, &tag).await
+        }
         Contender::Ours(policy) => {
             start_ours(paths, "envoy/envoy.yaml", policy, workers, tag).await
         }
@@ -218,6 +222,33 @@ pub async fn start(
             start_ours(paths, "envoy/envoy-ext-proc.yaml", policy, workers, &tag).await
         }
     }
+}
+
+/// Stands for `envoy/envoy.yaml` with the wasm filter and the admin routes
+/// (which name the filter) cut out.
+const ENVOY_ALONE: &str = "envoy alone";
+
+/// `template` without its wasm filter and admin routes.
+fn without_filter(template: &str) -> anyhow::Result<String> {
+    let cut = |text: &str, from: &str, to: &str| -> anyhow::Result<String> {
+        let a = text
+            .find(from)
+            .context("envoy.yaml changed: no filter to cut")?;
+        let b = a + text[a..]
+            .find(to)
+            .context("envoy.yaml changed: no end of the cut")?;
+        Ok(format!("{}{}", &text[..a], &text[b..]))
+    };
+    let t = cut(
+        template,
+        "              # BEGIN admin-routes",
+        "              # Everything else",
+    )?;
+    cut(
+        &t,
+        "          - name: sglang.router",
+        "          - name: envoy.filters.http.router",
+    )
 }
 
 async fn start_peer(
@@ -309,8 +340,15 @@ async fn start_ours(
     .await?;
 
     let (port, envoy_admin) = (free_port()?, free_port()?);
-    let template = std::fs::read_to_string(paths.root.join(template_path))
-        .with_context(|| format!("reading {template_path}"))?;
+    let template = if template_path == ENVOY_ALONE {
+        let path = "envoy/envoy.yaml";
+        let full = std::fs::read_to_string(paths.root.join(path))
+            .with_context(|| format!("reading {path}"))?;
+        without_filter(&full)?
+    } else {
+        std::fs::read_to_string(paths.root.join(template_path))
+            .with_context(|| format!("reading {template_path}"))?
+    };
     // The same placeholders scripts/lib.sh render_envoy_config fills.
     let config = template
         .replace("{{LISTEN_HOST}}", "127.0.0.1")

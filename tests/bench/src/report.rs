@@ -260,8 +260,11 @@ fn render_overhead(w: &mut String, rows: &[OverheadRow], profile: &Profile) {
          clients on keep-alive connections, each sending its next request when the \
          last answer is read; {:?} warm-up, then {:?} measured; {} round(s) per \
          cell in alternating contender order, median round shown. `direct` is the \
-         worker itself (the floor); `added p50` is the contender's p50 minus \
-         direct's; `vs peer` is req/s over the peer's.\n",
+         worker itself (the floor); `envoy alone` is `envoy/envoy.yaml` without \
+         the wasm filter (Envoy's round robin over the same EDS endpoints): the \
+         floor of any router living inside Envoy, so `ours` minus `envoy alone` is \
+         what the filter and its gRPC call to the control plane cost. `added p50` \
+         is the contender's p50 minus direct's; `vs peer` is req/s over the peer's.\n",
         p.max_tokens, p.distinct_bodies, p.warmup, p.measure, p.rounds
     );
     let _ = writeln!(

@@ -146,7 +146,7 @@ pub async fn quality(
     );
     let mut rows = Vec::new();
     for &c in contenders {
-        if c == Contender::Direct {
+        if matches!(c, Contender::Direct | Contender::EnvoyAlone) {
             continue;
         }
         let tag = "quality";
