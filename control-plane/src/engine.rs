@@ -481,19 +481,20 @@ fn route_label(route: Route) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::policy::RoundRobin;
 
     fn address(port: u16) -> WorkerAddress {
-        WorkerAddress {
-            url: format!("http://127.0.0.1:{port}"),
-            host: "127.0.0.1".into(),
-            endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
-        }
+        WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
-    fn engine_with(options: EngineOptions, servers: &[(u16, WorkerSpec, Option<u32>)]) -> Engine {
+    /// An engine with round robin over healthy loopback `servers`
+    /// (port, spec, DP size).
+    pub(crate) fn engine_with(
+        options: EngineOptions,
+        servers: &[(u16, WorkerSpec, Option<u32>)],
+    ) -> Engine {
         let registry = Arc::new(Registry::default());
         for (port, spec, dp) in servers {
             let units = registry.add(address(*port), *spec, *dp).unwrap();

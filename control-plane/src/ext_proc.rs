@@ -856,38 +856,18 @@ fn upstream_address(attributes: &std::collections::HashMap<String, Struct>) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{EngineOptions, Policies};
-    use crate::metrics::Metrics;
-    use crate::policy::RoundRobin;
-    use crate::workers::{Registry, WorkerAddress, WorkerSpec};
+    use crate::engine::tests::engine_with;
+    use crate::engine::EngineOptions;
+    use crate::workers::WorkerSpec;
     use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Out;
     use processing_request::Request as In;
 
+    /// `workers` healthy loopback servers of two DP ranks each.
     fn engine(workers: u16) -> Arc<Engine> {
-        let registry = Arc::new(Registry::default());
-        for port in 1..=workers {
-            let units = registry
-                .add(
-                    WorkerAddress {
-                        url: format!("http://127.0.0.1:{port}"),
-                        host: "127.0.0.1".into(),
-                        endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
-                    },
-                    WorkerSpec::REGULAR,
-                    Some(2),
-                )
-                .unwrap();
-            registry.set_healthy(&units[0], true);
-        }
-        Arc::new(
-            Engine::new(
-                registry,
-                Policies::same(Arc::new(RoundRobin::default())),
-                Arc::new(Metrics::default()),
-                EngineOptions::default(),
-            )
-            .unwrap(),
-        )
+        let servers: Vec<_> = (1..=workers)
+            .map(|port| (port, WorkerSpec::REGULAR, Some(2)))
+            .collect();
+        Arc::new(engine_with(EngineOptions::default(), &servers))
     }
 
     /// One ext_proc stream against `engine`: send Envoy's messages, read

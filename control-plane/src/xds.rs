@@ -191,11 +191,7 @@ mod tests {
             ),
         ];
         for (port, spec, dp) in specs {
-            let address = WorkerAddress {
-                url: format!("http://127.0.0.1:{port}"),
-                host: "127.0.0.1".into(),
-                endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
-            };
+            let address = WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
             r.add(address, spec, dp).unwrap();
         }
         let cla = assignment(&r, "sglang_workers");

@@ -39,11 +39,7 @@ fn engine(pd: bool, dp: Option<u32>, cost: bool) -> Engine {
         let port = 9 + i as u16;
         let units = registry
             .add(
-                WorkerAddress {
-                    url: format!("http://127.0.0.1:{port}"),
-                    host: "127.0.0.1".into(),
-                    endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
-                },
+                WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], port))),
                 spec,
                 dp,
             )

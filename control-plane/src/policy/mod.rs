@@ -145,11 +145,7 @@ pub(crate) mod test_support {
             .map(|i| {
                 let port = i as u16 + 1;
                 let w = Worker::new(
-                    WorkerAddress {
-                        url: format!("http://127.0.0.1:{port}"),
-                        host: "127.0.0.1".into(),
-                        endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
-                    },
+                    WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], port))),
                     WorkerSpec::REGULAR,
                     None,
                     Arc::default(),

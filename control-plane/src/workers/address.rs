@@ -90,6 +90,21 @@ impl WorkerAddress {
     }
 }
 
+impl From<SocketAddr> for WorkerAddress {
+    /// A worker named by its IP address: `http://ip:port`, nothing to resolve.
+    fn from(endpoint: SocketAddr) -> Self {
+        let host = match endpoint {
+            SocketAddr::V4(a) => a.ip().to_string(),
+            SocketAddr::V6(a) => format!("[{}]", a.ip()),
+        };
+        WorkerAddress {
+            url: format!("http://{endpoint}"),
+            host,
+            endpoint,
+        }
+    }
+}
+
 /// Longest worker URL accepted; anything longer is not a worker address.
 const MAX_URL_LEN: usize = 512;
 
@@ -116,6 +131,16 @@ fn has_explicit_port(raw: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn from_socket_address_matches_the_normalised_url() {
+        for raw in ["http://127.0.0.1:8000", "http://[::1]:8000"] {
+            let (url, host, port) = WorkerAddress::normalise(raw).unwrap();
+            let endpoint: SocketAddr = raw.trim_start_matches("http://").parse().unwrap();
+            let a = WorkerAddress::from(endpoint);
+            assert_eq!((a.url, a.host, a.endpoint.port()), (url, host, port));
+        }
+    }
 
     #[test]
     fn normalises_urls() {

@@ -103,11 +103,8 @@ mod tests {
     #[test]
     fn round_trips_servers_once_each() {
         let r = Registry::default();
-        let address = |port: u16| WorkerAddress {
-            url: format!("http://127.0.0.1:{port}"),
-            host: "127.0.0.1".into(),
-            endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
-        };
+        let address =
+            |port: u16| WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
         let prefill = WorkerSpec {
             role: Role::Prefill,
             bootstrap_port: Some(8998),

@@ -160,11 +160,7 @@ mod tests {
     use super::*;
 
     fn address(port: u16) -> WorkerAddress {
-        WorkerAddress {
-            url: format!("http://127.0.0.1:{port}"),
-            host: "127.0.0.1".into(),
-            endpoint: format!("127.0.0.1:{port}").parse().unwrap(),
-        }
+        WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
     #[test]

@@ -203,11 +203,7 @@ mod tests {
     use super::*;
 
     fn address() -> WorkerAddress {
-        WorkerAddress {
-            url: "http://127.0.0.1:1".into(),
-            host: "127.0.0.1".into(),
-            endpoint: "127.0.0.1:1".parse().unwrap(),
-        }
+        WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], 1)))
     }
 
     fn worker() -> Worker {

@@ -38,13 +38,7 @@ pub fn engine(workers: usize, policy: Arc<dyn Policy>) -> anyhow::Result<Engine>
     let registry = Arc::new(Registry::default());
     for i in 0..workers {
         let port = 20_000 + i as u16;
-        let address = WorkerAddress {
-            url: format!("http://127.0.0.1:{port}"),
-            host: "127.0.0.1".into(),
-            endpoint: format!("127.0.0.1:{port}")
-                .parse()
-                .context("worker address")?,
-        };
+        let address = WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
         let units = registry
             .add(address, WorkerSpec::REGULAR, None)
             .context("adding a worker")?;
