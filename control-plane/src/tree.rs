@@ -389,6 +389,17 @@ impl Tree {
         }
     }
 
+    /// Removes every tenant `keep` rejects. Policies call it with the
+    /// registered workers: a decision made on a snapshot taken just before a
+    /// worker was removed can insert into its tenant after the removal.
+    pub fn retain_tenants(&self, keep: impl Fn(TenantId) -> bool) {
+        for (tenant, _) in self.tenant_sizes() {
+            if !keep(tenant) {
+                self.remove_tenant(tenant);
+            }
+        }
+    }
+
     /// Removes `tenant` everywhere, freeing nodes no other tenant holds.
     /// Inserts wait meanwhile, so the removal is atomic.
     pub fn remove_tenant(&self, tenant: TenantId) {

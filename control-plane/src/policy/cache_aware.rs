@@ -114,13 +114,8 @@ impl Policy for CacheAware {
     }
 
     fn maintain(&self, registered: &[Arc<Worker>]) {
-        // A decision made on a snapshot taken just before a worker was removed
-        // can insert into its tenant after `on_removed`; drop such leftovers.
-        for (tenant, _) in self.tree.tenant_sizes() {
-            if !registered.iter().any(|w| w.tenant == tenant) {
-                self.tree.remove_tenant(tenant);
-            }
-        }
+        self.tree
+            .retain_tenants(|t| registered.iter().any(|w| w.tenant == t));
         self.tree.evict_to(self.config.max_tree_size);
     }
 }

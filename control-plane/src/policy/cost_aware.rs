@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use super::{matched_lens, CacheOutcome, Policy, RouteInput, Selection};
+use super::{lowest_at_random, matched_lens, CacheOutcome, Policy, RouteInput, Selection};
 use crate::config::Args;
 use crate::tree::Tree;
 use crate::workers::Worker;
@@ -110,7 +110,7 @@ impl Policy for CostAware {
                 .iter()
                 .map(|&i| self.tree.tenant_size(workers[i].tenant))
                 .collect();
-            tied[lowest_at_random(&sizes)]
+            tied[lowest_at_random(sizes.len(), |i| Some(sizes[i])).unwrap_or(0)]
         } else {
             tied.first().copied().unwrap_or(0)
         };
@@ -136,27 +136,10 @@ impl Policy for CostAware {
     }
 
     fn maintain(&self, registered: &[Arc<Worker>]) {
-        for (tenant, _) in self.tree.tenant_sizes() {
-            if !registered.iter().any(|w| w.tenant == tenant) {
-                self.tree.remove_tenant(tenant);
-            }
-        }
+        self.tree
+            .retain_tenants(|t| registered.iter().any(|w| w.tenant == t));
         self.tree.evict_to(self.config.max_tree_size);
     }
-}
-
-/// The index of the smallest key, ties broken uniformly at random.
-fn lowest_at_random<K: Ord + Copy>(keys: &[K]) -> usize {
-    let Some(best) = keys.iter().copied().min() else {
-        return 0;
-    };
-    let ties = keys.iter().filter(|k| **k == best).count();
-    let pick = rand::random_range(0..ties.max(1));
-    keys.iter()
-        .enumerate()
-        .filter(|(_, k)| **k == best)
-        .nth(pick)
-        .map_or(0, |(i, _)| i)
 }
 
 #[cfg(test)]

@@ -94,35 +94,39 @@ pub(crate) fn matched_lens(matched: &PrefixMatch, workers: &[Arc<Worker>]) -> Ve
 /// are broken at random so equal workers share traffic (sglang-router always
 /// picks the first, which sends idle-time traffic to one worker).
 pub(crate) fn least_loaded(workers: &[Arc<Worker>], keep: impl Fn(usize) -> bool) -> Option<usize> {
-    // Two passes and one random draw: the minimum and how many share it,
-    // then the chosen one among them. (Reservoir sampling drew a random
-    // number per tie, which at 64 idle workers was a visible share of a
-    // decision.)
-    let mut min = usize::MAX;
+    lowest_at_random(workers.len(), |i| keep(i).then(|| workers[i].load()))
+}
+
+/// The index in `0..n` with the smallest key (`None` keys are skipped),
+/// ties broken uniformly at random; `None` when no index has a key.
+///
+/// Two passes and one random draw: the minimum and how many share it, then
+/// the chosen one among them. (Reservoir sampling drew a random number per
+/// tie, which at 64 idle workers was a visible share of a decision.)
+pub(crate) fn lowest_at_random<K: Ord + Copy>(
+    n: usize,
+    key: impl Fn(usize) -> Option<K>,
+) -> Option<usize> {
+    let mut min: Option<K> = None;
     let mut ties = 0usize;
-    for (i, w) in workers.iter().enumerate() {
-        if !keep(i) {
-            continue;
-        }
-        let load = w.load();
-        if load < min {
-            (min, ties) = (load, 1);
-        } else if load == min {
-            ties += 1;
+    for k in (0..n).filter_map(&key) {
+        match min {
+            Some(m) if k > m => {}
+            Some(m) if k == m => ties += 1,
+            _ => (min, ties) = (Some(k), 1),
         }
     }
-    if ties == 0 {
-        return None;
-    }
-    let mut pick = if ties == 1 {
-        0
-    } else {
+    let min = min?;
+    let mut pick = if ties > 1 {
         rand::random_range(0..ties)
+    } else {
+        0
     };
-    // Loads may move between the passes; then the last candidate seen wins.
+    // Keys read again may have moved (loads change concurrently); then the
+    // last candidate seen, or the first index with a key, wins.
     let mut last = None;
-    for (i, w) in workers.iter().enumerate() {
-        if keep(i) && w.load() <= min {
+    for i in 0..n {
+        if key(i).is_some_and(|k| k <= min) {
             if pick == 0 {
                 return Some(i);
             }
@@ -130,7 +134,7 @@ pub(crate) fn least_loaded(workers: &[Arc<Worker>], keep: impl Fn(usize) -> bool
             last = Some(i);
         }
     }
-    last.or_else(|| (0..workers.len()).find(|&i| keep(i)))
+    last.or_else(|| (0..n).find(|&i| key(i).is_some()))
 }
 
 #[cfg(test)]
