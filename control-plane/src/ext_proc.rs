@@ -60,8 +60,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::google::protobuf::{value, Duration as ProtoDuration, Struct};
 use futures::{Stream, StreamExt};
 use sglang_envoy_body::{
-    is_info_path, merge_first_sse_event, merge_input_logprobs, openai_error_json, RequestBody,
-    Route, SseMerge,
+    is_info_path, merge_first_sse_event, merge_input_logprobs, openai_error_json,
+    pd::prefill_error_status, RequestBody, Route, SseMerge,
 };
 use sglang_envoy_proto::{
     route_response, Completion, Decision, Header, PrefillOutcome, RouteRequest,
@@ -551,10 +551,7 @@ impl Exchange {
         }
         if !outcome.ok {
             self.prefill = Prefill::None;
-            let status = u16::try_from(outcome.http_status)
-                .ok()
-                .filter(|s| (400..600).contains(s))
-                .unwrap_or(502);
+            let status = prefill_error_status(outcome.http_status);
             // The decode answer has not gone out (its headers are held or
             // have not come), so the client gets the prefill's error.
             return Some(self.immediate(status, &outcome.error_type, &outcome.message));

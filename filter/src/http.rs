@@ -6,9 +6,12 @@ use log::{debug, warn};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use sglang_envoy_body::pd::{as_pairs, pd_fields, wants_input_logprobs, Bootstrap};
+use sglang_envoy_body::pd::{
+    as_pairs, pd_fields, prefill_error_status, wants_input_logprobs, Bootstrap,
+};
 use sglang_envoy_body::{
-    is_info_path, merge_first_sse_event, merge_input_logprobs, RequestBody, Route, SseMerge,
+    is_info_path, merge_first_sse_event, merge_input_logprobs, prefill_input_logprobs, RequestBody,
+    Route, SseMerge,
 };
 use sglang_envoy_proto::{
     route_response, Completion, Decision, Header, PrefillEndpoint, PrefillOutcome, PrefillWait,
@@ -307,10 +310,7 @@ impl Request {
         }
         if !outcome.ok {
             self.prefill = Prefill::Over;
-            let status = u16::try_from(outcome.http_status)
-                .ok()
-                .filter(|s| (400..600).contains(s))
-                .unwrap_or(502);
+            let status = prefill_error_status(outcome.http_status);
             // The decode answer has not gone out (its headers wait for this),
             // so the client gets the prefill's error; Envoy resets the decode.
             send_error(self, status, &outcome.error_type, &outcome.message);
@@ -414,10 +414,7 @@ impl Context for Request {
             let logprobs = if self.merge_logprobs {
                 self.get_http_call_response_body(0, body_size)
                     .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .and_then(|v| {
-                        v.pointer("/meta_info/input_token_logprobs")
-                            .map(|l| l.to_string())
-                    })
+                    .and_then(|v| prefill_input_logprobs(&v))
                     .unwrap_or_default()
             } else {
                 String::new()

@@ -2,6 +2,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
+use sglang_envoy_body::prefill_input_logprobs;
 use sglang_envoy_proto::PrefillOutcome;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -227,8 +228,7 @@ async fn send(client: &reqwest::Client, job: &PrefillJob) -> PrefillOutcome {
     let input_token_logprobs = if job.want_logprobs {
         events
             .iter()
-            .find_map(|e| e.pointer("/meta_info/input_token_logprobs"))
-            .map(|v| v.to_string())
+            .find_map(prefill_input_logprobs)
             .unwrap_or_default()
     } else {
         String::new()

@@ -16,7 +16,7 @@ mod route;
 mod text;
 
 pub use error::BodyError;
-pub use logprobs::{merge_first_sse_event, merge_input_logprobs, SseMerge};
+pub use logprobs::{merge_first_sse_event, merge_input_logprobs, prefill_input_logprobs, SseMerge};
 pub use openai_error::openai_error_json;
 pub use parse::RequestBody;
 pub use route::{is_info_path, Route};

@@ -8,6 +8,14 @@ use serde_json::value::RawValue;
 
 use crate::RequestBody;
 
+/// The prefill's input logprobs (JSON text of an array) in one object of
+/// its answer (the whole body, or one streamed event), if it has them.
+pub fn prefill_input_logprobs(answer: &serde_json::Value) -> Option<String> {
+    answer
+        .pointer("/meta_info/input_token_logprobs")
+        .map(|v| v.to_string())
+}
+
 /// `response` (a JSON object with `meta_info`) with the prefill's input
 /// logprobs (`prefill`, a JSON array) put before its own. `None` when there
 /// is nothing to merge into (not an object, no `meta_info`) or `prefill` is

@@ -28,6 +28,16 @@ pub struct PdFields {
     pub decode: Vec<(&'static str, String)>,
 }
 
+/// The status the client gets when the prefill half fails with `status`:
+/// the prefill's own when it is an HTTP error, else 502 (it gave no usable
+/// answer).
+pub fn prefill_error_status(status: u32) -> u16 {
+    u16::try_from(status)
+        .ok()
+        .filter(|s| (400..600).contains(s))
+        .unwrap_or(502)
+}
+
 /// How many requests one body stands for, when it is a batch: `/generate`
 /// with a list `text` or a list of token lists in `input_ids`; a completion
 /// with a list `prompt`; a chat completion with `n` > 1 (SGLang runs the
@@ -148,6 +158,13 @@ fn json_array(items: impl Iterator<Item = String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefill_errors_keep_http_error_statuses_only() {
+        for (from, to) in [(503, 503), (400, 400), (200, 502), (0, 502), (70_000, 502)] {
+            assert_eq!(prefill_error_status(from), to, "{from}");
+        }
+    }
 
     #[test]
     fn rooms_are_masked_into_the_signed_range() {
