@@ -242,12 +242,7 @@ impl Engine {
             return reject(503, "service_unavailable", "no worker could be chosen");
         };
         let pd_fields = pd::pd_fields(route, &body, prefill, decode, &self.rids);
-        let prefill_fields: Vec<(&str, &str)> = pd_fields
-            .prefill
-            .iter()
-            .map(|(k, v)| (*k, v.as_str()))
-            .collect();
-        let prefill_body = match body.with_fields(&prefill_fields) {
+        let prefill_body = match body.with_fields(&pd::as_pairs(&pd_fields.prefill)) {
             Ok(b) => b,
             Err(e) => return reject(400, "invalid_request_error", &e.to_string()),
         };

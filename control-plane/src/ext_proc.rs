@@ -485,11 +485,7 @@ impl Exchange {
         };
         let mut body_mutation = None;
         if !decision.inject.is_empty() {
-            let fields: Vec<(&str, &str)> = decision
-                .inject
-                .iter()
-                .map(|f| (f.key.as_str(), f.json_value.as_str()))
-                .collect();
+            let fields = decision.inject_pairs();
             let new_body = match RequestBody::parse(body).and_then(|p| p.with_fields(&fields)) {
                 Ok(b) => b,
                 Err(e) => return self.local_reply(500, "internal_error", &e.to_string()),

@@ -375,12 +375,9 @@ impl Request {
             .get_http_request_body(0, self.config.max_body_bytes)
             .unwrap_or_default();
         let parsed = RequestBody::parse(&body).map_err(|e| e.to_string())?;
-        let fields: Vec<(&str, &str)> = decision
-            .inject
-            .iter()
-            .map(|f| (f.key.as_str(), f.json_value.as_str()))
-            .collect();
-        let new_body = parsed.with_fields(&fields).map_err(|e| e.to_string())?;
+        let new_body = parsed
+            .with_fields(&decision.inject_pairs())
+            .map_err(|e| e.to_string())?;
         self.set_http_request_body(0, body.len(), &new_body);
         self.set_http_request_header("content-length", Some(&new_body.len().to_string()));
         Ok(())

@@ -13,3 +13,14 @@ pub use v1::*;
 
 /// Fully qualified gRPC service name, as the filter dispatches it.
 pub const SERVICE_NAME: &str = "sglang.envoy.router.v1.Router";
+
+impl Decision {
+    /// The fields to inject, as the `(key, JSON value)` pairs the body
+    /// crate's `RequestBody::with_fields` takes (both front doors use it).
+    pub fn inject_pairs(&self) -> Vec<(&str, &str)> {
+        self.inject
+            .iter()
+            .map(|f| (f.key.as_str(), f.json_value.as_str()))
+            .collect()
+    }
+}

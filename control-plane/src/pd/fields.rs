@@ -4,7 +4,7 @@ use sglang_envoy_body::{RequestBody, Route};
 use crate::pd::RidSource;
 use crate::workers::Worker;
 
-pub use sglang_envoy_body::pd::{batch_size, wants_input_logprobs, PdFields};
+pub use sglang_envoy_body::pd::{as_pairs, batch_size, wants_input_logprobs, PdFields};
 
 /// The fields of one PD request between `prefill` and `decode` (see
 /// [`sglang_envoy_body::pd::pd_fields`]): rids from `rids`, random rooms.
@@ -61,9 +61,8 @@ mod tests {
     fn fields_of(route: Route, body: &str, p: &Worker, d: &Worker) -> (Value, Value) {
         let parsed = RequestBody::parse(body.as_bytes()).unwrap();
         let f = pd_fields(route, &parsed, p, d, &RidSource::with_suffix("h"));
-        let to_json = |v: &[(&str, String)]| {
-            let v: Vec<(&str, &str)> = v.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            let merged = parsed.with_fields(&v).unwrap();
+        let to_json = |v: &[(&'static str, String)]| {
+            let merged = parsed.with_fields(&as_pairs(v)).unwrap();
             serde_json::from_slice::<Value>(&merged).unwrap()
         };
         (to_json(&f.prefill), to_json(&f.decode))

@@ -7,6 +7,6 @@ mod fields;
 mod prefill;
 mod rid;
 
-pub use fields::{batch_size, dp_fields, pd_fields, wants_input_logprobs, PdFields};
+pub use fields::{as_pairs, batch_size, dp_fields, pd_fields, wants_input_logprobs, PdFields};
 pub use prefill::{PrefillDispatcher, PrefillJob};
 pub use rid::RidSource;
