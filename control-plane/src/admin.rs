@@ -178,14 +178,10 @@ fn spec_of(
         None if state.engine.options().pd => {
             return Err("this router runs PD mode: say worker_type prefill or decode".into())
         }
-        None | Some("regular") => Role::Regular,
-        Some("prefill") => Role::Prefill,
-        Some("decode") => Role::Decode,
-        Some(other) => {
-            return Err(format!(
-                "unknown worker_type `{other}`: use regular, prefill or decode"
-            ))
-        }
+        None => Role::Regular,
+        Some(name) => Role::parse(name).ok_or_else(|| {
+            format!("unknown worker_type `{name}`: use regular, prefill or decode")
+        })?,
     };
     if role != Role::Prefill && bootstrap_port.flatten().is_some() {
         return Err("bootstrap_port is for prefill workers".into());

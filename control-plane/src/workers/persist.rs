@@ -34,12 +34,7 @@ pub struct StoredWorker {
 impl StoredWorker {
     /// The spec to register it with; `None` for an unknown worker type.
     pub fn spec(&self) -> Option<WorkerSpec> {
-        let role = match self.worker_type.as_str() {
-            "regular" => Role::Regular,
-            "prefill" => Role::Prefill,
-            "decode" => Role::Decode,
-            _ => return None,
-        };
+        let role = Role::parse(&self.worker_type)?;
         Some(WorkerSpec {
             role,
             bootstrap_port: self.bootstrap_port.filter(|_| role == Role::Prefill),

@@ -26,6 +26,13 @@ impl Role {
             Role::Decode => "decode",
         }
     }
+
+    /// The role named `name` on the wire; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Role> {
+        [Role::Regular, Role::Prefill, Role::Decode]
+            .into_iter()
+            .find(|r| r.as_str() == name)
+    }
 }
 
 /// How a server was registered: its role and, for prefill servers, the
