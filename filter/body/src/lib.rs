@@ -18,5 +18,6 @@ mod text;
 pub use error::BodyError;
 pub use logprobs::{merge_first_sse_event, merge_input_logprobs, prefill_input_logprobs, SseMerge};
 pub use openai_error::openai_error_json;
-pub use parse::RequestBody;
-pub use route::{is_info_path, Route};
+pub use parse::{RequestBody, MAX_DEPTH, MAX_FIELDS};
+pub use route::{is_info_path, over_budget, too_large, Endpoint, Head, Refusal, Route, INFO_PATHS};
+pub use text::MAX_TEXT_DEPTH;

@@ -7,6 +7,16 @@ use serde_json::value::RawValue;
 
 use crate::BodyError;
 
+/// Deepest nesting of arrays and objects a body may have, the top-level
+/// object counting as one: serde_json's own limit, so sglang-router refuses
+/// the same bodies. Deeper bodies are refused before anything walks them.
+pub const MAX_DEPTH: usize = 128;
+
+/// Most top-level fields a body may have. Real requests have a few dozen;
+/// each costs a small record while the body is routed, so a body of
+/// millions of tiny fields would cost many times its size in memory.
+pub const MAX_FIELDS: usize = 1024;
+
 /// A validated JSON object body with the byte span of every top-level value.
 #[derive(Debug)]
 pub struct RequestBody<'a> {
@@ -24,15 +34,21 @@ struct Field<'a> {
 }
 
 impl<'a> RequestBody<'a> {
-    /// Validates `raw` as one JSON object and locates its top-level fields.
+    /// Validates `raw` as one JSON object within [`MAX_DEPTH`] and
+    /// [`MAX_FIELDS`] and locates its top-level fields.
     pub fn parse(raw: &'a [u8]) -> Result<Self, BodyError> {
         let TopLevel(entries) = serde_json::from_slice(raw).map_err(|e| {
-            if e.classify() == serde_json::error::Category::Data {
+            if e.to_string().starts_with(TOO_MANY_FIELDS) {
+                BodyError::TooManyFields(MAX_FIELDS)
+            } else if e.classify() == serde_json::error::Category::Data {
                 BodyError::NotAnObject(e.to_string())
             } else {
                 BodyError::InvalidJson(e.to_string())
             }
         })?;
+        if nesting_exceeds(raw, MAX_DEPTH) {
+            return Err(BodyError::TooDeep(MAX_DEPTH));
+        }
         let base = raw.as_ptr() as usize;
         let fields = entries
             .into_iter()
@@ -138,6 +154,46 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     }
 }
 
+/// The error text that tells [`RequestBody::parse`] the field limit was hit.
+const TOO_MANY_FIELDS: &str = "too many top-level fields";
+
+/// True when arrays and objects in `raw`, a valid JSON text, nest deeper
+/// than `max`. One pass with a counter, never recursion: serde_json's raw
+/// values (which the parse above uses) accept any depth, and every later
+/// walk of the body relies on this bound.
+///
+/// Only brackets outside strings count; in valid JSON a string starts and
+/// ends with an unescaped `"`, and a backslash inside one escapes exactly
+/// the next byte (multi-byte UTF-8 never contains `"` or `\`).
+fn nesting_exceeds(raw: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in raw {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// The top-level object as ordered (key, raw value) pairs, duplicates kept.
 struct TopLevel<'a>(Vec<(Str<'a>, &'a RawValue)>);
 
@@ -150,8 +206,17 @@ impl<'de> Deserialize<'de> for TopLevel<'de> {
                 f.write_str("a JSON object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                let mut entries = Vec::with_capacity(8);
                 while let Some(key) = map.next_key::<Str<'de>>()? {
+                    if entries.len() == MAX_FIELDS {
+                        // Still validate the rest, keeping none of it.
+                        map.next_value::<de::IgnoredAny>()?;
+                        while map
+                            .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                            .is_some()
+                        {}
+                        return Err(de::Error::custom(TOO_MANY_FIELDS));
+                    }
                     let value: &'de RawValue = map.next_value()?;
                     entries.push((key, value));
                 }
@@ -255,7 +320,62 @@ mod tests {
         );
     }
 
+    #[test]
+    fn refuses_bodies_nested_too_deep() {
+        let nested = |d: usize| format!("{{\"a\":{}1{}}}", "[".repeat(d - 1), "]".repeat(d - 1));
+        assert!(RequestBody::parse(nested(MAX_DEPTH).as_bytes()).is_ok());
+        assert_eq!(
+            RequestBody::parse(nested(MAX_DEPTH + 1).as_bytes()).unwrap_err(),
+            BodyError::TooDeep(MAX_DEPTH)
+        );
+        // The issue's attack: 10,000 levels inside a chat message.
+        let d = 10_000;
+        let attack = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":{}"a"{}}}]}}"#,
+            "[".repeat(d),
+            "]".repeat(d)
+        );
+        assert_eq!(
+            RequestBody::parse(attack.as_bytes()).unwrap_err(),
+            BodyError::TooDeep(MAX_DEPTH)
+        );
+        // Brackets inside strings, escaped quotes included, do not count.
+        let quoted = format!(r#"{{"a":"\"{}","b":[]}}"#, "[".repeat(500));
+        assert!(RequestBody::parse(quoted.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn refuses_too_many_fields() {
+        let body = |n: usize| {
+            let fields: Vec<String> = (0..n).map(|i| format!("\"k{i}\":1")).collect();
+            format!("{{{}}}", fields.join(","))
+        };
+        assert!(RequestBody::parse(body(MAX_FIELDS).as_bytes()).is_ok());
+        assert_eq!(
+            RequestBody::parse(body(MAX_FIELDS + 1).as_bytes()).unwrap_err(),
+            BodyError::TooManyFields(MAX_FIELDS)
+        );
+    }
+
     proptest::proptest! {
+        /// The depth counter agrees with serde_json's tree on any JSON.
+        #[test]
+        fn nesting_matches_the_tree(v in json_tree()) {
+            fn depth(v: &serde_json::Value) -> usize {
+                match v {
+                    serde_json::Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+                    serde_json::Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+                    _ => 0,
+                }
+            }
+            let raw = v.to_string();
+            let d = depth(&v);
+            proptest::prop_assert!(!nesting_exceeds(raw.as_bytes(), d));
+            if d > 0 {
+                proptest::prop_assert!(nesting_exceeds(raw.as_bytes(), d - 1));
+            }
+        }
+
         /// Any body and any list of fields: never a panic, and the result is
         /// valid JSON whenever the input was.
         #[test]
@@ -295,5 +415,21 @@ mod tests {
                 proptest::prop_assert_eq!(again.get(k).map(|v| v.get()), parsed.get(k).map(|v| v.get()));
             }
         }
+    }
+
+    fn json_tree() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<i64>().prop_map(serde_json::Value::from),
+            "[\\[\\]{}\"\\\\a-z]{0,6}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(8, 64, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map("[a-z{\\[\"]{0,3}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
     }
 }

@@ -38,6 +38,9 @@ pub fn prefill_error_status(status: u32) -> u16 {
         .unwrap_or(502)
 }
 
+/// Largest chat `n` given one bootstrap room per sample.
+pub const MAX_CHAT_SAMPLES: usize = 1024;
+
 /// How many requests one body stands for, when it is a batch: `/generate`
 /// with a list `text` or a list of token lists in `input_ids`; a completion
 /// with a list `prompt`; a chat completion with `n` > 1 (SGLang runs the
@@ -49,21 +52,50 @@ pub fn batch_size(route: Route, body: &RequestBody<'_>) -> Option<usize> {
         Route::Completions => array_len(body.get("prompt"), |item| {
             item.starts_with('"') || item.starts_with('[')
         }),
+        // Past MAX_CHAT_SAMPLES, no batch fields: the worker refuses such
+        // an `n` itself, and the router must not build millions of rooms
+        // because a client wrote a large number.
         Route::ChatCompletions => body
             .get("n")
             .and_then(|v| v.get().parse::<usize>().ok())
-            .filter(|n| *n > 1),
-        Route::Embeddings | Route::Rerank => None,
+            .filter(|n| (2..=MAX_CHAT_SAMPLES).contains(n)),
+        Route::Embeddings | Route::Rerank | Route::Classify | Route::Responses => None,
     };
     n.filter(|n| *n > 0)
 }
 
 /// The length of a JSON array whose first item passes `is_batch_item` (so a
-/// flat token list `[1, 2, 3]` is one prompt, not three).
+/// flat token list `[1, 2, 3]` is one prompt, not three). Counted in one
+/// pass without collecting the items: a list of millions of tokens costs no
+/// memory here.
 fn array_len(value: Option<&RawValue>, is_batch_item: impl Fn(&str) -> bool) -> Option<usize> {
-    let items: Vec<&RawValue> = serde_json::from_str(value?.get()).ok()?;
-    let first = items.first()?.get().trim_start();
-    is_batch_item(first).then_some(items.len())
+    struct Counter<F>(F);
+    impl<'de, F: Fn(&str) -> bool> serde::de::Visitor<'de> for Counter<F> {
+        type Value = Option<usize>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let Some(first) = seq.next_element::<&RawValue>()? else {
+                return Ok(None);
+            };
+            if !(self.0)(first.get().trim_start()) {
+                return Ok(None);
+            }
+            let mut n = 1;
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                n += 1;
+            }
+            Ok(Some(n))
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(value?.get());
+    serde::Deserializer::deserialize_seq(&mut de, Counter(is_batch_item))
+        .ok()
+        .flatten()
 }
 
 /// True when a `/generate` body asks for logprobs, whose input part the
@@ -164,6 +196,26 @@ mod tests {
         for (from, to) in [(503, 503), (400, 400), (200, 502), (0, 502), (70_000, 502)] {
             assert_eq!(prefill_error_status(from), to, "{from}");
         }
+    }
+
+    #[test]
+    fn batch_sizes() {
+        let size =
+            |route, raw: &str| batch_size(route, &RequestBody::parse(raw.as_bytes()).unwrap());
+        assert_eq!(size(Route::Generate, r#"{"text":["a","b","c"]}"#), Some(3));
+        assert_eq!(size(Route::Generate, r#"{"input_ids":[1,2,3]}"#), None);
+        assert_eq!(size(Route::Generate, r#"{"input_ids":[[1],[2]]}"#), Some(2));
+        assert_eq!(size(Route::Generate, r#"{"text":[]}"#), None);
+        assert_eq!(
+            size(Route::Completions, r#"{"prompt":[[1,2],[3]]}"#),
+            Some(2)
+        );
+        assert_eq!(size(Route::Completions, r#"{"prompt":[1,2]}"#), None);
+        assert_eq!(size(Route::ChatCompletions, r#"{"n":3}"#), Some(3));
+        assert_eq!(size(Route::ChatCompletions, r#"{"n":1}"#), None);
+        assert_eq!(size(Route::ChatCompletions, r#"{"n":1000000000}"#), None);
+        let many = format!(r#"{{"text":[{}]}}"#, vec!["\"x\""; 100_000].join(","));
+        assert_eq!(size(Route::Generate, &many), Some(100_000));
     }
 
     #[test]

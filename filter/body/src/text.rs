@@ -4,35 +4,59 @@
 //! share a prefix must yield texts that share a prefix. It is never sent to a
 //! worker. Malformed fields give less text, never an error: the worker, not
 //! the router, decides whether a request is well-formed.
+//!
+//! The walk is one streaming pass over each field (serde visitors writing
+//! straight into the text), so its cost is linear in the field's size and it
+//! allocates nothing per element. Visitors nest as the JSON does, but never
+//! deeper than [`MAX_TEXT_DEPTH`] levels, whatever the client sends: anything
+//! deeper is skipped by serde_json's iterative skipper and adds no text. A
+//! client cannot make the walk use more stack than those few frames (a wasm
+//! VM whose stack overflows stays dead for every later request).
 
-use serde::Deserialize;
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::parse::Str;
 use crate::{RequestBody, Route};
 
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow, default)]
-    role: Option<Str<'a>>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-}
+/// Nesting levels below a routing field that still add text. Chat content
+/// parts need four (`messages`, a message, `content`, a part); a batch of
+/// token lists needs two.
+pub const MAX_TEXT_DEPTH: u8 = 8;
 
 impl RequestBody<'_> {
-    /// The routing text of this body for `route`: chat messages as
-    /// `role\ncontent\n`, else the prompt-like field of the route.
+    /// The routing text of this body for `route`: chat messages (and
+    /// Responses API input items) as `role\ncontent\n`, else the
+    /// prompt-like fields of the route.
     pub fn routing_text(&self, route: Route) -> String {
         let mut out = String::new();
         match route {
             Route::ChatCompletions => {
                 if let Some(messages) = self.get("messages") {
-                    append_messages(messages, &mut out);
+                    walk(messages, Messages { out: &mut out });
                 }
             }
             Route::Completions => self.append_first(&["prompt"], &mut out),
             Route::Generate => self.append_first(&["text", "input_ids", "prompt"], &mut out),
-            Route::Embeddings => self.append_first(&["input", "text"], &mut out),
+            Route::Embeddings | Route::Classify => self.append_first(&["input", "text"], &mut out),
+            Route::Responses => {
+                // The instructions are the system prompt: they come first.
+                self.append_first(&["instructions"], &mut out);
+                if let Some(input) = self.get("input") {
+                    if input.get().starts_with('[') {
+                        walk(input, Messages { out: &mut out });
+                    } else {
+                        walk(
+                            input,
+                            Textish {
+                                out: &mut out,
+                                depth: 0,
+                            },
+                        );
+                    }
+                }
+            }
             Route::Rerank => {
                 self.append_first(&["query"], &mut out);
                 self.append_first(&["documents"], &mut out);
@@ -43,160 +67,319 @@ impl RequestBody<'_> {
 
     fn append_first(&self, keys: &[&str], out: &mut String) {
         if let Some(v) = keys.iter().find_map(|k| self.get(k)) {
-            append_textish(v, out);
+            walk(v, Textish { out, depth: 0 });
         }
     }
 }
 
-fn append_messages(messages: &RawValue, out: &mut String) {
-    let Ok(list) = serde_json::from_str::<Vec<Message<'_>>>(messages.get()) else {
-        return;
-    };
-    for m in list {
-        if let Some(role) = m.role {
-            out.push_str(&role.0);
-        }
-        out.push('\n');
-        if let Some(content) = m.content {
-            append_textish(content, out);
-        }
-        out.push('\n');
+/// Runs `seed` over one raw value. The value was validated with the whole
+/// body, so an error can only mean a shape the seed does not read; what it
+/// appended until then stays.
+fn walk<'de, S: DeserializeSeed<'de, Value = ()>>(value: &'de RawValue, seed: S) {
+    let mut de = serde_json::Deserializer::from_str(value.get());
+    let _ = seed.deserialize(&mut de);
+}
+
+/// Appends strings as they are, integers in decimal, other numbers in
+/// shortest exponent form (so a short number never becomes a long text), and
+/// arrays item by item with a space between; objects contribute their
+/// `text` members (chat content parts); `null` and booleans nothing.
+struct Textish<'o> {
+    out: &'o mut String,
+    /// How deep below the routing field this value is.
+    depth: u8,
+}
+
+impl<'de> DeserializeSeed<'de> for Textish<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
     }
 }
 
-/// Appends strings as they are, numbers as written, and arrays item by item;
-/// objects contribute their `text` field (chat content parts).
-fn append_textish(v: &RawValue, out: &mut String) {
-    let json = v.get();
-    match json.as_bytes().first() {
-        Some(b'"') => {
-            if let Ok(s) = serde_json::from_str::<Str<'_>>(json) {
-                out.push_str(&s.0);
+impl<'de> Visitor<'de> for Textish<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<(), E> {
+        self.out.push_str(s);
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<(), E> {
+        use fmt::Write;
+        let _ = write!(self.out, "{n}");
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<(), E> {
+        use fmt::Write;
+        let _ = write!(self.out, "{n}");
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, n: f64) -> Result<(), E> {
+        use fmt::Write;
+        let _ = write!(self.out, "{n:e}");
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let depth = self.depth.saturating_add(1);
+        if depth > MAX_TEXT_DEPTH {
+            return drain_seq(seq);
+        }
+        let mut first = true;
+        loop {
+            let more = if first {
+                seq.next_element_seed(Textish {
+                    out: &mut *self.out,
+                    depth,
+                })?
+            } else {
+                // The separator goes before the item, as for a present one.
+                let at = self.out.len();
+                self.out.push(' ');
+                let more = seq.next_element_seed(Textish {
+                    out: &mut *self.out,
+                    depth,
+                })?;
+                if more.is_none() {
+                    self.out.truncate(at);
+                }
+                more
+            };
+            if more.is_none() {
+                return Ok(());
+            }
+            first = false;
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let depth = self.depth.saturating_add(1);
+        while let Some(key) = map.next_key::<Key>()? {
+            if key == Key::Text && depth <= MAX_TEXT_DEPTH {
+                map.next_value_seed(Textish {
+                    out: &mut *self.out,
+                    depth,
+                })?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
             }
         }
-        Some(b'[') => {
-            if let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(json) {
-                for (i, item) in items.into_iter().enumerate() {
-                    if i > 0 {
-                        out.push(' ');
-                    }
-                    append_textish(item, out);
+        Ok(())
+    }
+}
+
+/// Chat messages: each object appends `role\ncontent\n` (role first,
+/// whatever the key order); anything that is not an object adds nothing.
+struct Messages<'o> {
+    out: &'o mut String,
+}
+
+impl<'de> DeserializeSeed<'de> for Messages<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Messages<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of messages")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        // One buffer for every message's content, reused.
+        let mut content = String::new();
+        while seq
+            .next_element_seed(Message {
+                out: &mut *self.out,
+                content: &mut content,
+            })?
+            .is_some()
+        {}
+        Ok(())
+    }
+}
+
+/// One chat message (depth 1 below `messages`).
+struct Message<'o> {
+    out: &'o mut String,
+    content: &'o mut String,
+}
+
+impl<'de> DeserializeSeed<'de> for Message<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Message<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a message object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut role: Option<std::borrow::Cow<'de, str>> = None;
+        let mut has_content = false;
+        while let Some(key) = map.next_key::<Key>()? {
+            match key {
+                Key::Role => role = map.next_value::<MaybeStr<'de>>()?.0,
+                Key::Content => {
+                    // The last `content` wins, as in Python's `json`.
+                    self.content.clear();
+                    has_content = true;
+                    map.next_value_seed(Textish {
+                        out: &mut *self.content,
+                        depth: 2,
+                    })?;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        Some(b'{') => {
-            #[derive(Deserialize)]
-            struct Part<'a> {
-                #[serde(borrow, default)]
-                text: Option<&'a RawValue>,
+        if let Some(role) = role {
+            self.out.push_str(&role);
+        }
+        self.out.push('\n');
+        if has_content {
+            self.out.push_str(self.content);
+        }
+        self.out.push('\n');
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        drain_seq(seq)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// Skips the rest of an array without looking inside its items.
+fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+/// The member names the walk cares about.
+#[derive(PartialEq, Eq)]
+enum Key {
+    Role,
+    Content,
+    Text,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a member name")
             }
-            if let Ok(Part { text: Some(t) }) = serde_json::from_str::<Part<'_>>(json) {
-                append_textish(t, out);
+            fn visit_str<E>(self, s: &str) -> Result<Key, E> {
+                Ok(match s {
+                    "role" => Key::Role,
+                    "content" => Key::Content,
+                    "text" => Key::Text,
+                    _ => Key::Other,
+                })
             }
         }
-        Some(b'-' | b'0'..=b'9') => out.push_str(json),
-        _ => {}
+        d.deserialize_str(V)
+    }
+}
+
+/// A string, or `None` for any other value (which is skipped).
+struct MaybeStr<'a>(Option<std::borrow::Cow<'a, str>>);
+
+impl<'de> serde::Deserialize<'de> for MaybeStr<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MaybeStr<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(MaybeStr(Some(s.into())))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(MaybeStr(Some(s.to_owned().into())))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                drain_seq(seq).map(|()| MaybeStr(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(MaybeStr(None))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn text(route: Route, body: &str) -> String {
-        RequestBody::parse(body.as_bytes())
-            .unwrap()
-            .routing_text(route)
-    }
-
-    #[test]
-    fn chat_messages_keep_order_roles_and_parts() {
-        let t = text(
-            Route::ChatCompletions,
-            r#"{"messages":[{"role":"system","content":"be brief"},
-                {"role":"user","content":[{"type":"text","text":"hi \u00e9"},{"type":"image_url","image_url":{}}]}]}"#,
-        );
-        assert_eq!(t, "system\nbe brief\nuser\nhi é \n");
-    }
-
-    #[test]
-    fn shared_prefix_survives_extraction() {
-        let a = text(
-            Route::ChatCompletions,
-            r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"one"}]}"#,
-        );
-        let b = text(
-            Route::ChatCompletions,
-            r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"two"}]}"#,
-        );
-        assert!(a.starts_with("system\nS\nuser\n") && b.starts_with("system\nS\nuser\n"));
-        assert_ne!(a, b);
-    }
-
-    #[test]
-    fn prompt_like_fields_per_route() {
-        assert_eq!(text(Route::Completions, r#"{"prompt":"abc"}"#), "abc");
-        assert_eq!(text(Route::Generate, r#"{"text":["a","b"]}"#), "a b");
-        assert_eq!(text(Route::Generate, r#"{"input_ids":[1,22,3]}"#), "1 22 3");
-        assert_eq!(text(Route::Embeddings, r#"{"input":"e"}"#), "e");
-        assert_eq!(
-            text(Route::Rerank, r#"{"query":"q","documents":["d1","d2"]}"#),
-            "qd1 d2"
-        );
-    }
-
-    proptest::proptest! {
-        /// Whatever bytes a client sends, parsing and text extraction return
-        /// (a panic in the filter would kill the wasm VM).
-        #[test]
-        fn any_bytes_are_handled(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
-            if let Ok(body) = RequestBody::parse(&raw) {
-                for route in [Route::ChatCompletions, Route::Completions, Route::Generate, Route::Embeddings, Route::Rerank] {
-                    let _ = body.routing_text(route);
-                }
-                let _ = body.is_stream();
-            }
-        }
-
-        /// Structured JSON of any shape under the fields the text comes from.
-        #[test]
-        fn any_json_shape_is_handled(v in json_value()) {
-            let text = v.to_string();
-            for key in ["messages", "prompt", "text", "input_ids", "input", "query", "documents"] {
-                let raw = format!("{{\"{key}\":{text}}}");
-                let body = RequestBody::parse(raw.as_bytes()).unwrap();
-                for route in [Route::ChatCompletions, Route::Completions, Route::Generate, Route::Embeddings, Route::Rerank] {
-                    let _ = body.routing_text(route);
-                }
-                // A plain string prompt is the text, decoded from its escapes.
-                if let (serde_json::Value::String(s), "prompt") = (&v, key) {
-                    proptest::prop_assert_eq!(&body.routing_text(Route::Completions), s);
-                }
-            }
-        }
-    }
-
-    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
-        use proptest::prelude::*;
-        let leaf = prop_oneof![
-            Just(serde_json::Value::Null),
-            any::<bool>().prop_map(serde_json::Value::from),
-            any::<i64>().prop_map(serde_json::Value::from),
-            "[a-z\\u{e9}\"]{0,6}".prop_map(serde_json::Value::from),
-        ];
-        leaf.prop_recursive(4, 32, 4, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
-                proptest::collection::btree_map("(role|content|text|type|x)", inner, 0..4)
-                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
-    #[test]
-    fn malformed_fields_give_empty_text() {
-        assert_eq!(text(Route::ChatCompletions, r#"{"messages":7}"#), "");
-        assert_eq!(text(Route::Completions, r#"{"prompt":{"x":1}}"#), "");
-        assert_eq!(text(Route::Completions, r#"{}"#), "");
-    }
-}
+#[path = "text_tests.rs"]
+mod tests;

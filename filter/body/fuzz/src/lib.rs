@@ -10,19 +10,15 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use sglang_envoy_body::{is_info_path, openai_error_json, BodyError, RequestBody, Route};
+use sglang_envoy_body::{
+    is_info_path, openai_error_json, BodyError, RequestBody, Route, MAX_DEPTH, MAX_FIELDS,
+};
 
 /// Every route the filter reads a body for.
-pub const ROUTES: [Route; 5] = [
-    Route::ChatCompletions,
-    Route::Completions,
-    Route::Generate,
-    Route::Embeddings,
-    Route::Rerank,
-];
+pub const ROUTES: [Route; 7] = Route::ALL;
 
 /// Top-level keys some route's routing text reads.
-const TEXT_KEYS: [&str; 7] = [
+const TEXT_KEYS: [&str; 8] = [
     "messages",
     "prompt",
     "text",
@@ -30,6 +26,7 @@ const TEXT_KEYS: [&str; 7] = [
     "input",
     "query",
     "documents",
+    "instructions",
 ];
 
 /// The top-level (key, raw value) pairs of a JSON object, in order,
@@ -56,6 +53,37 @@ pub fn entries(raw: &[u8]) -> Option<Vec<(String, String)>> {
         }
     }
     serde_json::from_slice::<Entries>(raw).ok().map(|e| e.0)
+}
+
+/// How many top-level entries the JSON object at the start of `raw` has,
+/// for any number of them.
+fn entries_unbounded(raw: &[u8]) -> Option<usize> {
+    struct Count(usize);
+    impl<'de> Deserialize<'de> for Count {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Count;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Count, A::Error> {
+                    let mut n = 0;
+                    while map
+                        .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                        .is_some()
+                    {
+                        n += 1;
+                    }
+                    Ok(Count(n))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+    // Whatever follows the object does not matter for the count.
+    let mut de = serde_json::Deserializer::from_slice(raw);
+    Count::deserialize(&mut de).ok().map(|c| c.0)
 }
 
 /// serde_json's verdict on `raw` as a whole: `Some(true)` a JSON object,
@@ -117,6 +145,27 @@ fn trim_json_ws(s: &str) -> &str {
 /// the JSON objects, and what it reports agrees with serde_json.
 pub fn check_parse(data: &[u8]) {
     let parsed = RequestBody::parse(data);
+    match &parsed {
+        Err(BodyError::InvalidInjection(_)) => panic!("parse returned an injection error"),
+        // serde_json's tree stops one level short of the body limit, so a
+        // body refused as too deep is one the tree cannot hold either.
+        Err(BodyError::TooDeep(max)) => {
+            assert_eq!(*max, MAX_DEPTH);
+            assert_eq!(
+                tree_is_object(data),
+                None,
+                "refused as too deep: {parsed:?}"
+            );
+            return;
+        }
+        Err(BodyError::TooManyFields(max)) => {
+            assert_eq!(*max, MAX_FIELDS);
+            let n = entries_unbounded(data).expect("too many fields of an object");
+            assert!(n > MAX_FIELDS, "refused {n} fields");
+            return;
+        }
+        _ => {}
+    }
     // Known divergence: an unpaired surrogate escape inside a *key* is
     // rejected (keys are decoded to match them; values are kept raw and
     // accepted). No SGLang field name contains one.
@@ -127,9 +176,6 @@ pub fn check_parse(data: &[u8]) {
             is_object,
             "parse disagrees with serde_json: {parsed:?}"
         );
-    }
-    if let Err(BodyError::InvalidInjection(_)) = parsed {
-        panic!("parse returned an injection error");
     }
     let Ok(body) = parsed else {
         return;
@@ -154,6 +200,12 @@ pub fn check_parse(data: &[u8]) {
     assert_eq!(body.with_fields(&[]).expect("no fields").as_slice(), data);
     for route in ROUTES {
         let text = body.routing_text(route);
+        // Text never costs much more memory than the body it comes from.
+        assert!(
+            text.len() <= 2 * data.len(),
+            "routing text of {} bytes",
+            text.len()
+        );
         if route == Route::Completions {
             if let Some(Value::String(s)) = body
                 .get("prompt")
