@@ -7,7 +7,8 @@ use serde::Deserialize;
 pub struct FilterConfig {
     /// Envoy cluster of the control plane's gRPC port.
     pub control_plane_cluster: String,
-    /// How long to wait for a routing decision before answering 503.
+    /// How long to wait for a routing decision before routing locally (or
+    /// answering 503), plus as much again per 4 MiB of request body.
     pub route_timeout_ms: u64,
     /// Largest request body accepted; larger bodies get 413.
     pub max_body_bytes: usize,
@@ -25,6 +26,16 @@ pub struct FilterConfig {
     pub fallback_max_age_ms: u64,
     /// Endpoints after the locally chosen one that Envoy may retry on.
     pub fallback_retries: usize,
+    /// Most bytes of request bodies this VM (one per Envoy worker thread)
+    /// holds at once, from a body's first byte until its worker answers;
+    /// a body that does not fit gets a JSON 503. At least `max_body_bytes`.
+    pub max_buffered_bytes: usize,
+    /// A request whose body makes no progress for this long gets 408.
+    pub body_idle_timeout_ms: u64,
+    /// Tests only: a request carrying this header traps the VM, to prove
+    /// that Envoy replaces a failed VM (`failure_policy: FAIL_RELOAD`).
+    /// Never set in production.
+    pub test_trap_header: Option<String>,
 }
 
 impl Default for FilterConfig {
@@ -45,17 +56,33 @@ impl Default for FilterConfig {
             workers_refresh_ms: 1000,
             fallback_max_age_ms: 300_000,
             fallback_retries: 2,
+            // Eight bodies of the largest size. The VM's memory peaks at a
+            // few copies of the one body being validated (the rest wait in
+            // Envoy's buffers), so this bounds the bodies Envoy holds for
+            // this thread more than the VM itself.
+            max_buffered_bytes: 256 * 1024 * 1024,
+            // Well under a client's patience, far over any pause between
+            // the packets of a healthy upload.
+            body_idle_timeout_ms: 4000,
+            test_trap_header: None,
         }
     }
 }
 
 impl FilterConfig {
     /// Parses the plugin configuration; empty means all defaults.
-    pub fn parse(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(FilterConfig::default());
         }
-        serde_json::from_slice(bytes)
+        let config: FilterConfig = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if config.max_buffered_bytes < config.max_body_bytes {
+            return Err(format!(
+                "max_buffered_bytes ({}) must be at least max_body_bytes ({})",
+                config.max_buffered_bytes, config.max_body_bytes
+            ));
+        }
+        Ok(config)
     }
 }
 
@@ -71,5 +98,9 @@ mod tests {
         assert_eq!(c.max_body_bytes, 10);
         assert_eq!(c.route_timeout_ms, 500);
         assert!(FilterConfig::parse(br#"{"max_body_byte": 10}"#).is_err());
+        assert!(
+            FilterConfig::parse(br#"{"max_body_bytes": 10, "max_buffered_bytes": 9}"#).is_err()
+        );
+        assert!(c.test_trap_header.is_none());
     }
 }

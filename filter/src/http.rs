@@ -10,18 +10,20 @@ use sglang_envoy_body::pd::{
     as_pairs, pd_fields, prefill_error_status, wants_input_logprobs, Bootstrap,
 };
 use sglang_envoy_body::{
-    is_info_path, merge_first_sse_event, merge_input_logprobs, prefill_input_logprobs, RequestBody,
-    Route, SseMerge,
+    merge_first_sse_event, merge_input_logprobs, over_budget, prefill_input_logprobs, too_large,
+    BodyError, Endpoint, Head, Refusal, RequestBody, Route, SseMerge,
 };
 use sglang_envoy_proto::{
     route_response, Completion, Decision, Header, PrefillEndpoint, PrefillOutcome, PrefillWait,
     RouteRequest, RouteResponse, SERVICE_NAME,
 };
 
+use crate::body_wait::BodyWaits;
+use crate::budget::{Budget, Reservation};
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
 use crate::fallback::Fallback;
-use crate::reply::send_error;
+use crate::reply::{send_error, send_refusal};
 
 /// Where the prefill half of a PD request stands, as far as this stream knows.
 #[derive(Debug)]
@@ -36,7 +38,29 @@ enum Prefill {
     Over,
 }
 
+/// What one VM's requests share (built once by the root context).
+#[derive(Clone)]
+pub struct Shared {
+    /// The plugin configuration.
+    pub config: Rc<FilterConfig>,
+    /// Finished requests, reported by the root context.
+    pub queue: CompletionQueue,
+    /// Set (for the whole VM) once the control plane asked for bodies.
+    pub send_body: Rc<Cell<bool>>,
+    /// Healthy workers to fall back on when the control plane is down.
+    pub fallback: Fallback,
+    /// Memory for the bodies this VM holds.
+    pub budget: Budget,
+    /// Requests waiting for their body, timed out by the root context.
+    pub body_waits: BodyWaits,
+}
+
 /// One HTTP stream passing through the filter.
+///
+/// It keeps nothing of the request's size: the body and its routing text
+/// are read from Envoy's buffer when a question is built and dropped once
+/// it is sent, so memory per request waiting on the control plane is a few
+/// hundred bytes.
 pub struct Request {
     config: Rc<FilterConfig>,
     queue: CompletionQueue,
@@ -44,6 +68,11 @@ pub struct Request {
     send_body: Rc<Cell<bool>>,
     /// Healthy workers to fall back on when the control plane is down.
     fallback: Fallback,
+    /// Requests waiting for their body; this one is `context_id`.
+    body_waits: BodyWaits,
+    context_id: u32,
+    /// This request's share of the VM's body budget.
+    reservation: Reservation,
     ticket: u64,
     /// The inference route, for POSTs whose body we route on.
     route: Option<Route>,
@@ -53,10 +82,15 @@ pub struct Request {
     /// Set once a `Route` call was dispatched: from then on the control plane
     /// may have counted load under our ticket, so `on_log` must report it.
     asked: bool,
+    /// The request went on towards its worker (the decision is applied).
+    resumed: bool,
     /// The response reached its end (as opposed to a hang-up or reset).
     response_done: bool,
-    /// The question sent, kept to ask again with the body (`NeedBody`).
-    question: Option<RouteRequest>,
+    /// Size of the body the question was about, to build it again with the
+    /// body itself (`NeedBody`) or to route locally.
+    body_bytes: usize,
+    /// The last question sent carried the body.
+    sent_body: bool,
     /// The outstanding `AwaitPrefill` call.
     prefill_call: Option<u32>,
     /// Outage fallback in PD mode: the prefill request the filter sent itself.
@@ -74,27 +108,26 @@ pub struct Request {
 }
 
 impl Request {
-    /// A stream with its `ticket`, reporting its end into `queue`.
-    pub fn new(
-        config: Rc<FilterConfig>,
-        queue: CompletionQueue,
-        send_body: Rc<Cell<bool>>,
-        fallback: Fallback,
-        ticket: u64,
-    ) -> Self {
+    /// HTTP context `context_id` with its `ticket`, sharing `shared`.
+    pub fn new(shared: &Shared, context_id: u32, ticket: u64) -> Self {
         Request {
-            config,
-            queue,
-            send_body,
-            fallback,
+            config: shared.config.clone(),
+            queue: shared.queue.clone(),
+            send_body: shared.send_body.clone(),
+            fallback: shared.fallback.clone(),
+            body_waits: shared.body_waits.clone(),
+            context_id,
+            reservation: shared.budget.reservation(),
             ticket,
             route: None,
             path: String::new(),
             method: String::new(),
             started: None,
             asked: false,
+            resumed: false,
             response_done: false,
-            question: None,
+            body_bytes: 0,
+            sent_body: false,
             prefill_call: None,
             prefill_http: None,
             prefill: Prefill::None,
@@ -106,58 +139,75 @@ impl Request {
         }
     }
 
-    /// Sends the routing question; the answer arrives in `on_grpc_call_response`.
-    fn ask(&mut self, routing_text: Vec<u8>, stream: bool, body_bytes: usize) -> Action {
-        let question = RouteRequest {
+    /// The routing question for this request, built from the body in
+    /// Envoy's buffer (`body_bytes` of it): its routing text, and the body
+    /// and headers themselves when the control plane wants them.
+    fn question(&self, with_body: bool) -> Result<RouteRequest, BodyError> {
+        let mut question = RouteRequest {
             path: self.path.clone(),
             method: self.method.clone(),
-            routing_text,
-            stream,
             request_id: self
                 .get_http_request_header("x-request-id")
                 .unwrap_or_default(),
-            body_bytes: body_bytes as u64,
+            body_bytes: self.body_bytes as u64,
             ticket: self.ticket,
-            body: Vec::new(),
-            headers: Vec::new(),
+            ..Default::default()
         };
-        self.question = Some(question);
-        self.send_question()
-    }
-
-    /// Sends (or re-sends, with the body) the kept question.
-    fn send_question(&mut self) -> Action {
-        let Some(mut question) = self.question.take() else {
-            return Action::Continue;
+        let Some(route) = self.route else {
+            return Ok(question); // info GETs have no body
         };
-        if self.send_body.get() && question.body.is_empty() && question.body_bytes > 0 {
-            question.body = self
-                .get_http_request_body(0, question.body_bytes as usize)
-                .unwrap_or_default();
+        let body = self
+            .get_http_request_body(0, self.body_bytes)
+            .unwrap_or_default();
+        let parsed = RequestBody::parse(&body)?;
+        question.routing_text = parsed.routing_text(route).into_bytes();
+        question.stream = parsed.is_stream();
+        if with_body {
             question.headers = self
                 .get_http_request_headers()
                 .into_iter()
                 .filter(|(name, _)| !name.starts_with(':'))
                 .map(|(name, value)| Header { name, value })
                 .collect();
+            drop(parsed);
+            question.body = body;
         }
+        Ok(question)
+    }
+
+    /// Sends the routing question (with the body once the control plane
+    /// asked for bodies); the answer arrives in `on_grpc_call_response`.
+    fn ask(&mut self) -> Action {
+        let with_body = self.send_body.get() && self.body_bytes > 0;
+        let question = match self.question(with_body) {
+            Ok(q) => q,
+            Err(e) => {
+                send_error(self, 400, "invalid_request_error", &e.to_string());
+                return Action::Pause;
+            }
+        };
         let encoded = question.encode_to_vec();
-        self.question = Some(question);
-        match self.dispatch_grpc_call(
+        // The question may be as large as the body: gone before we wait.
+        drop(question);
+        let sent = self.dispatch_grpc_call(
             &self.config.control_plane_cluster,
             SERVICE_NAME,
             "Route",
             vec![],
             Some(&encoded),
-            Duration::from_millis(self.config.route_timeout_ms),
-        ) {
+            self.route_timeout(),
+        );
+        drop(encoded);
+        match sent {
             Ok(_) => {
                 self.asked = true;
+                self.sent_body = with_body;
                 Action::Pause
             }
             Err(status) => {
                 warn!("cannot reach the control plane: {status:?}");
                 if self.route_locally() {
+                    self.resumed = true;
                     return Action::Continue;
                 }
                 send_error(
@@ -206,8 +256,9 @@ impl Request {
         let Some(route) = self.route else {
             return Ok(()); // info GETs need no prefill
         };
-        let len = self.question.as_ref().map_or(0, |q| q.body_bytes as usize);
-        let body = self.get_http_request_body(0, len).unwrap_or_default();
+        let body = self
+            .get_http_request_body(0, self.body_bytes)
+            .unwrap_or_default();
         let parsed = RequestBody::parse(&body).map_err(|e| e.to_string())?;
         let bootstrap = Bootstrap {
             host: &prefill.host,
@@ -300,6 +351,12 @@ impl Request {
         let endpoints = decision.endpoints.join(",");
         self.set_http_request_header(&self.config.endpoint_header, Some(&endpoints));
         debug!("{} -> {} ({endpoints})", self.path, decision.worker_url);
+        self.resume();
+    }
+
+    /// Lets the paused request go on to the worker it names.
+    fn resume(&mut self) {
+        self.resumed = true;
         self.resume_http_request();
     }
 
@@ -372,7 +429,7 @@ impl Request {
     /// Splices the decision's fields into the buffered body.
     fn inject(&mut self, decision: &Decision) -> Result<(), String> {
         let body = self
-            .get_http_request_body(0, self.config.max_body_bytes)
+            .get_http_request_body(0, self.body_bytes)
             .unwrap_or_default();
         let parsed = RequestBody::parse(&body).map_err(|e| e.to_string())?;
         let new_body = parsed
@@ -466,7 +523,7 @@ impl Context for Request {
                 self.path
             );
             if self.route_locally() {
-                self.resume_http_request();
+                self.resume();
                 return;
             }
             send_error(
@@ -487,11 +544,8 @@ impl Context for Request {
                 send_error(self, status, &r.error_type, &r.message);
             }
             Ok(Some(route_response::Outcome::NeedBody(_))) => {
-                let already = self.send_body.replace(true);
-                let has_body = self.question.as_ref().is_some_and(|q| q.body_bytes > 0);
-                if already && self.question.as_ref().is_some_and(|q| !q.body.is_empty())
-                    || !has_body
-                {
+                self.send_body.set(true);
+                if self.sent_body || self.body_bytes == 0 {
                     // Asked again although the body was sent (or there is none).
                     send_error(
                         self,
@@ -499,13 +553,9 @@ impl Context for Request {
                         "bad_gateway",
                         "the router's control plane keeps asking for the body",
                     );
-                    return;
-                }
-                if self.question.is_none() {
-                    send_error(self, 500, "internal_error", "lost the routing question");
-                } else if self.send_question() == Action::Continue {
+                } else if self.ask() == Action::Continue {
                     // Routed locally: the control plane went away meanwhile.
-                    self.resume_http_request();
+                    self.resume();
                 }
             }
             Ok(None) | Err(_) => send_error(
@@ -523,71 +573,82 @@ impl HttpContext for Request {
         self.started = Some(self.get_current_time());
         // Only the control plane chooses the worker: a client must not.
         self.set_http_request_header(&self.config.endpoint_header, None);
+        if let Some(trap) = &self.config.test_trap_header {
+            if self.get_http_request_header(trap).is_some() {
+                // The one deliberate panic: tests configure it to prove that
+                // a crashed VM does not outlive the request that crashed it.
+                panic!("test_trap_header present: trapping the VM as configured");
+            }
+        }
         self.path = self.get_http_request_header(":path").unwrap_or_default();
         self.method = self.get_http_request_header(":method").unwrap_or_default();
-
-        if let Some(route) = Route::from_path(&self.path) {
-            if self.method != "POST" {
-                send_error(
-                    self,
-                    405,
-                    "invalid_request_error",
-                    "use POST for this route",
-                );
-                return Action::Pause;
-            }
-            if end_of_stream {
-                send_error(
-                    self,
-                    400,
-                    "invalid_request_error",
-                    "request body is required",
-                );
-                return Action::Pause;
-            }
-            if let Some(len) = self
+        let head = Head {
+            method: &self.method,
+            path: &self.path,
+            end_of_stream,
+            content_length: self
                 .get_http_request_header("content-length")
-                .and_then(|v| v.parse::<usize>().ok())
-            {
-                if len > self.config.max_body_bytes {
-                    return self.too_large();
-                }
+                .and_then(|v| v.parse::<usize>().ok()),
+            max_body_bytes: self.config.max_body_bytes,
+        };
+        match head.check() {
+            Err(refusal) => {
+                send_refusal(self, &refusal);
+                Action::Pause
             }
-            self.route = Some(route);
-            // Wait for the body (needs `allow_on_headers_stop_iteration`).
-            return Action::Pause;
+            Ok(Endpoint::Info) => self.ask(),
+            Ok(Endpoint::Inference(route)) => {
+                self.route = Some(route);
+                self.wait_for_body();
+                // Wait for the body (needs `allow_on_headers_stop_iteration`).
+                Action::Pause
+            }
         }
-        if self.method == "GET" && is_info_path(&self.path) {
-            return self.ask(Vec::new(), false, 0);
-        }
-        Action::Continue
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(route) = self.route else {
-            return Action::Continue;
-        };
+        if self.route.is_none() {
+            // An info GET (the only other request that gets here) with a
+            // body: held with its head until the decision lets both go.
+            return if self.resumed {
+                Action::Continue
+            } else {
+                Action::Pause
+            };
+        }
         if body_size > self.config.max_body_bytes {
-            return self.too_large();
+            return self.refuse_body(&too_large(self.config.max_body_bytes));
+        }
+        if !self.reservation.grow_to(body_size) {
+            return self.refuse_body(&over_budget());
         }
         if !end_of_stream {
+            self.wait_for_body();
             return Action::Pause;
         }
-        let body = self.get_http_request_body(0, body_size).unwrap_or_default();
-        let parsed = match RequestBody::parse(&body) {
-            Ok(p) => p,
-            Err(e) => {
-                send_error(self, 400, "invalid_request_error", &e.to_string());
-                return Action::Pause;
-            }
-        };
-        let text = parsed.routing_text(route).into_bytes();
-        let stream = parsed.is_stream();
-        self.ask(text, stream, body.len())
+        self.body_waits.done(self.context_id);
+        self.body_bytes = body_size;
+        self.ask()
+    }
+
+    fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
+        if self.route.is_none() {
+            return Action::Continue;
+        }
+        // The body's end would come with the trailers, unseen by the body
+        // callback: refuse rather than let an unrouted request through.
+        self.refuse_body(&Refusal {
+            status: 400,
+            kind: "invalid_request_error",
+            message: "request trailers are not supported".into(),
+        })
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
         self.response_done |= end_of_stream;
+        // The worker has read the body: it no longer counts against the VM.
+        self.reservation.release();
+        self.body_waits.done(self.context_id);
         if matches!(self.prefill, Prefill::None) {
             return Action::Continue;
         }
@@ -638,6 +699,8 @@ impl HttpContext for Request {
     }
 
     fn on_log(&mut self) {
+        self.body_waits.done(self.context_id);
+        self.reservation.release();
         if !self.asked {
             return;
         }
@@ -717,14 +780,28 @@ fn fill_random(bytes: &mut [u8]) {
 }
 
 impl Request {
-    fn too_large(&mut self) -> Action {
-        let max = self.config.max_body_bytes;
-        send_error(
-            self,
-            413,
-            "invalid_request_error",
-            &format!("request body is larger than the router's limit of {max} bytes"),
-        );
+    /// How long the control plane may take to answer: `route_timeout_ms`,
+    /// once more for every 4 MiB of body the question is about (a large
+    /// question takes a while to cross and to read; a slow answer to it
+    /// is not an outage).
+    fn route_timeout(&self) -> Duration {
+        let base = self.config.route_timeout_ms;
+        let extra = base.saturating_mul(self.body_bytes as u64) / (4 << 20);
+        Duration::from_millis(base.saturating_add(extra))
+    }
+
+    /// (Re)arms the deadline for the next piece of the body.
+    fn wait_for_body(&self) {
+        let deadline =
+            self.get_current_time() + Duration::from_millis(self.config.body_idle_timeout_ms);
+        self.body_waits.wait(self.context_id, deadline);
+    }
+
+    /// Ends the request over its body, giving its budget back at once.
+    fn refuse_body(&mut self, refusal: &Refusal) -> Action {
+        self.body_waits.done(self.context_id);
+        self.reservation.release();
+        send_refusal(self, refusal);
         Action::Pause
     }
 }

@@ -16,6 +16,8 @@
 
 // Public so that native builds (tests, clippy) see the code the wasm entry
 // point uses; the entry point itself exists only on wasm32.
+pub mod body_wait;
+pub mod budget;
 pub mod completions;
 pub mod config;
 pub mod fallback;
@@ -28,7 +30,7 @@ pub use config::FilterConfig;
 #[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
-        Box::new(root::Root::default())
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::Root::new(context_id))
     });
 }}

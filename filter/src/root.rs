@@ -10,10 +10,13 @@ use sglang_envoy_proto::{
     CompleteRequest, Completion, WorkersRequest, WorkersSnapshot, SERVICE_NAME,
 };
 
+use crate::body_wait::BodyWaits;
+use crate::budget::Budget;
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
 use crate::fallback::Fallback;
-use crate::http::Request;
+use crate::http::{Request, Shared};
+use crate::reply::send_error_for;
 
 /// Completions sent in one `Complete` call.
 const REPORT_BATCH: usize = 1024;
@@ -26,29 +29,34 @@ const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Envoy cancels a context's outstanding calls when the stream is destroyed,
 /// which happens right after `on_log`.
 pub struct Root {
-    config: Rc<FilterConfig>,
-    queue: CompletionQueue,
+    /// This context's id, to act as it again after acting for a request.
+    context_id: u32,
+    /// What every request of this VM shares.
+    shared: Shared,
     tickets: TicketSource,
     /// The batch of the report in flight, to requeue if it fails.
     in_flight: Option<(u32, Vec<Completion>)>,
-    /// Learned from the control plane (PD mode): send it request bodies.
-    send_body: Rc<Cell<bool>>,
-    /// Healthy workers for routing while the control plane is down.
-    fallback: Fallback,
     /// The outstanding `Workers` call, and when the last one went out.
     workers_call: Option<u32>,
     workers_asked_at: Option<std::time::SystemTime>,
 }
 
-impl Default for Root {
-    fn default() -> Self {
+impl Root {
+    /// The root context `context_id` of a new VM.
+    pub fn new(context_id: u32) -> Self {
+        let config = FilterConfig::default();
         Root {
-            config: Rc::new(FilterConfig::default()),
-            queue: CompletionQueue::default(),
+            context_id,
+            shared: Shared {
+                budget: Budget::new(config.max_buffered_bytes),
+                config: Rc::new(config),
+                queue: CompletionQueue::default(),
+                send_body: Rc::new(Cell::new(false)),
+                fallback: Fallback::default(),
+                body_waits: BodyWaits::default(),
+            },
             tickets: TicketSource::new(),
             in_flight: None,
-            send_body: Rc::new(Cell::new(false)),
-            fallback: Fallback::default(),
             workers_call: None,
             workers_asked_at: None,
         }
@@ -64,7 +72,7 @@ impl Context for Root {
                     .get_grpc_call_response_body(0, size)
                     .unwrap_or_default();
                 match WorkersSnapshot::decode(bytes.as_slice()) {
-                    Ok(s) => self.fallback.update(self.get_current_time(), s),
+                    Ok(s) => self.shared.fallback.update(self.get_current_time(), s),
                     Err(e) => warn!("unreadable worker list from the control plane: {e}"),
                 }
             }
@@ -74,7 +82,7 @@ impl Context for Root {
             Some((token, batch)) if token == token_id => {
                 if status_code != 0 {
                     warn!("reporting completions failed (grpc status {status_code}); will retry");
-                    self.queue.requeue(batch);
+                    self.shared.queue.requeue(batch);
                 }
             }
             other => self.in_flight = other,
@@ -88,7 +96,8 @@ impl RootContext for Root {
         match FilterConfig::parse(&raw) {
             Ok(config) => {
                 let tick = Duration::from_millis(config.report_interval_ms.max(1));
-                self.config = Rc::new(config);
+                self.shared.budget = Budget::new(config.max_buffered_bytes);
+                self.shared.config = Rc::new(config);
                 self.set_tick_period(tick);
                 true
             }
@@ -101,35 +110,15 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         self.refresh_workers();
-        if self.in_flight.is_some() || self.queue.is_empty() {
-            return;
-        }
-        let report = CompleteRequest {
-            completions: self.queue.take(REPORT_BATCH),
-        };
-        match self.dispatch_grpc_call(
-            &self.config.control_plane_cluster,
-            SERVICE_NAME,
-            "Complete",
-            vec![],
-            Some(&report.encode_to_vec()),
-            REPORT_TIMEOUT,
-        ) {
-            // Kept until the answer comes, to requeue if the report fails.
-            Ok(token) => self.in_flight = Some((token, report.completions)),
-            Err(status) => {
-                warn!("cannot dispatch completion report: {status:?}");
-                self.queue.requeue(report.completions);
-            }
-        }
+        self.report();
+        // Last: acting for other contexts changes whom host calls are for.
+        self.time_out_bodies();
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Request::new(
-            self.config.clone(),
-            self.queue.clone(),
-            self.send_body.clone(),
-            self.fallback.clone(),
+            &self.shared,
+            context_id,
             self.tickets.next(),
         )))
     }
@@ -140,13 +129,62 @@ impl RootContext for Root {
 }
 
 impl Root {
+    /// Sends the queued completions (one batch in flight at a time).
+    fn report(&mut self) {
+        if self.in_flight.is_some() || self.shared.queue.is_empty() {
+            return;
+        }
+        let report = CompleteRequest {
+            completions: self.shared.queue.take(REPORT_BATCH),
+        };
+        match self.dispatch_grpc_call(
+            &self.shared.config.control_plane_cluster,
+            SERVICE_NAME,
+            "Complete",
+            vec![],
+            Some(&report.encode_to_vec()),
+            REPORT_TIMEOUT,
+        ) {
+            // Kept until the answer comes, to requeue if the report fails.
+            Ok(token) => self.in_flight = Some((token, report.completions)),
+            Err(status) => {
+                warn!("cannot dispatch completion report: {status:?}");
+                self.shared.queue.requeue(report.completions);
+            }
+        }
+    }
+
+    /// Answers 408 for every request whose body stopped arriving, acting
+    /// for its HTTP context (which has no timer of its own).
+    fn time_out_bodies(&mut self) {
+        if self.shared.body_waits.is_empty() {
+            return;
+        }
+        let expired = self.shared.body_waits.expired(self.get_current_time());
+        if expired.is_empty() {
+            return;
+        }
+        for context in expired {
+            let message = format!(
+                "the request body stopped arriving (nothing for {} ms)",
+                self.shared.config.body_idle_timeout_ms
+            );
+            // Fails harmlessly when the request is already gone.
+            if let Err(e) = send_error_for(context, 408, "timeout", &message) {
+                warn!("cannot time out request {context}: {e:?}");
+            }
+        }
+        if let Err(e) = proxy_wasm::hostcalls::set_effective_context(self.context_id) {
+            error!("cannot act as the root context again: {e:?}");
+        }
+    }
     /// Asks for the list of healthy workers every `workers_refresh_ms`.
     fn refresh_workers(&mut self) {
         if self.workers_call.is_some() {
             return;
         }
         let now = self.get_current_time();
-        let every = Duration::from_millis(self.config.workers_refresh_ms);
+        let every = Duration::from_millis(self.shared.config.workers_refresh_ms);
         let due = self
             .workers_asked_at
             .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= every);
@@ -155,7 +193,7 @@ impl Root {
         }
         self.workers_asked_at = Some(now);
         match self.dispatch_grpc_call(
-            &self.config.control_plane_cluster,
+            &self.shared.config.control_plane_cluster,
             SERVICE_NAME,
             "Workers",
             vec![],
