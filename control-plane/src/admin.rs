@@ -1,5 +1,6 @@
 //! The admin HTTP API: sglang-router's `/add_worker`, `/remove_worker`,
-//! `/list_workers`, `/get_loads`, `/health`, `/metrics`, and the JSON
+//! `/list_workers`, `/get_loads`, `/health`, `/liveness`, `/readiness`,
+//! `/metrics`, and the JSON
 //! `/workers` API. Served on `--admin-port` and, through Envoy, on the
 //! client port.
 
@@ -20,6 +21,11 @@ use tracing::info;
 use crate::config::parse_bootstrap_port;
 use crate::engine::{Engine, WorkerChangeError};
 use crate::workers::{HealthChecker, RegistryError, Role, Worker, WorkerSpec};
+
+/// The header Envoy adds (overwriting any a client sent) to requests that
+/// reach the admin API through its client port, as `envoy/envoy.yaml`'s
+/// admin routes do. Requests carrying it come from clients, not operators.
+pub const CLIENT_PORT_HEADER: &str = "x-sglang-envoy-client-port";
 
 /// What the admin handlers share.
 #[derive(Clone)]
@@ -47,6 +53,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/list_workers", get(list_workers))
         .route("/get_loads", get(get_loads))
         .route("/health", get(health))
+        .route("/liveness", get(health))
+        .route("/readiness", get(readiness))
         .route("/metrics", get(metrics))
         .route("/workers", get(workers_json))
         .merge(mutating)
@@ -54,7 +62,9 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// 401 without a bearer token, 403 with the wrong one (when a token is set).
+/// 401 without a bearer token, 403 with the wrong one (when a token is
+/// set). Without a token, changes are served only on the admin port itself:
+/// through Envoy's client port anyone could otherwise redirect all traffic.
 async fn require_token(
     State(s): State<AdminState>,
     headers: HeaderMap,
@@ -62,6 +72,14 @@ async fn require_token(
     next: Next,
 ) -> Response {
     let Some(expected) = s.token.as_deref() else {
+        if headers.contains_key(CLIENT_PORT_HEADER) {
+            return error(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "changing the workers through the router's client port needs an admin \
+                 token (--admin-token); without one, use the control plane's admin port",
+            );
+        }
         return next.run(request).await;
     };
     let given = headers
@@ -116,7 +134,8 @@ impl IntoResponse for WorkerChangeError {
     fn into_response(self) -> Response {
         let status = match self {
             WorkerChangeError::Registry(RegistryError::NotFound(_)) => StatusCode::NOT_FOUND,
-            WorkerChangeError::Registry(RegistryError::Duplicate(_)) => StatusCode::BAD_REQUEST,
+            WorkerChangeError::Registry(RegistryError::Duplicate(_))
+            | WorkerChangeError::Registry(RegistryError::SameServer(..)) => StatusCode::BAD_REQUEST,
             WorkerChangeError::Address(_) => StatusCode::BAD_REQUEST,
             WorkerChangeError::WrongMode(_) => StatusCode::BAD_REQUEST,
             WorkerChangeError::DpSize(..) => StatusCode::SERVICE_UNAVAILABLE,
@@ -308,6 +327,26 @@ async fn health(State(s): State<AdminState>) -> Response {
         "decode_policy": s.engine.policies().decode.name(),
     }))
     .into_response()
+}
+
+/// Ready when some worker can serve a request (in PD mode: a prefill and a
+/// decode worker).
+async fn readiness(State(s): State<AdminState>) -> Response {
+    let registry = s.engine.registry();
+    let roles: &[Role] = if s.engine.options().pd {
+        &[Role::Prefill, Role::Decode]
+    } else {
+        &[Role::Regular]
+    };
+    if let Some(missing) = roles.iter().find(|r| registry.healthy(**r).is_empty()) {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            &format!("not ready: no healthy {} worker", missing.as_str()),
+        );
+    }
+    let healthy = registry.all().iter().filter(|w| w.is_healthy()).count();
+    Json(json!({ "status": "ready", "healthy_workers": healthy })).into_response()
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {

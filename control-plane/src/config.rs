@@ -153,6 +153,25 @@ pub struct Args {
     #[arg(long, env = "SGLANG_ENVOY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
+    /// Largest request body, in bytes: the `max_body_bytes` the Envoy config
+    /// gives the filter (`MAX_BODY_BYTES`). Sizes the gRPC messages the
+    /// control plane accepts, which carry whole bodies in PD mode and
+    /// through the ext_proc front door.
+    #[arg(long, default_value_t = 33_554_432)]
+    pub max_payload_size: usize,
+
+    /// ext_proc front door: most bytes of request bodies Envoy may hold for
+    /// routed requests at once (from a body's arrival until its worker
+    /// answers); past it, requests get a JSON 503. The wasm filter has the
+    /// same budget per Envoy thread (`max_buffered_bytes`).
+    #[arg(long, default_value_t = 268_435_456)]
+    pub ext_proc_max_buffered_bytes: usize,
+
+    /// Accept workers at link-local addresses (169.254.0.0/16, fe80::/10),
+    /// where cloud metadata services live; refused by default.
+    #[arg(long)]
+    pub allow_link_local_workers: bool,
+
     /// Keep the worker registry (workers added at run time too) in this JSON
     /// file and restore it at startup.
     #[arg(long)]
@@ -235,6 +254,16 @@ impl Args {
                 _ => Err("--prefill takes URL [BOOTSTRAP_PORT|none]".into()),
             })
             .collect()
+    }
+
+    /// The largest gRPC message the control plane accepts: a question
+    /// carrying a whole body, its routing text (at most twice the body's
+    /// size) and headers, with room to spare.
+    pub fn grpc_message_limit(&self) -> usize {
+        self.max_payload_size
+            .saturating_mul(3)
+            .saturating_add(1 << 20)
+            .max(4 << 20)
     }
 
     /// The prefill policy (`--prefill-policy`, else `--policy`).

@@ -18,7 +18,7 @@ use crate::pd::{self, PrefillDispatcher, PrefillJob, RidSource};
 use crate::policy::{least_loaded, Policy, RouteInput};
 use crate::tickets::Tickets;
 use crate::workers::{
-    AddressError, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerSpec,
+    AddressError, AddressPolicy, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerSpec,
 };
 
 /// Why an admin change to the worker set failed.
@@ -91,6 +91,8 @@ pub struct EngineOptions {
     pub dp_aware: bool,
     /// Longest a prefill request may take.
     pub request_timeout: Duration,
+    /// Which addresses may be workers.
+    pub addresses: AddressPolicy,
 }
 
 impl Default for EngineOptions {
@@ -100,6 +102,7 @@ impl Default for EngineOptions {
             pd: false,
             dp_aware: false,
             request_timeout: Duration::from_secs(1800),
+            addresses: AddressPolicy::default(),
         }
     }
 }
@@ -201,7 +204,7 @@ impl Engine {
         };
         self.count(worker, req.ticket, selection.work);
         self.metrics
-            .decided(route_label(route), selection.cache, elapsed(started));
+            .decided(route.path(), selection.cache, elapsed(started));
         debug!(path = %req.path, worker = %worker.url, cache = ?selection.cache, "routed");
         let inject = fields(pd::dp_fields(worker));
         self.decide(&serving, selection.index, req.ticket, inject)
@@ -264,7 +267,7 @@ impl Engine {
             },
         );
         self.metrics
-            .decided(route_label(route), p.cache, elapsed(started));
+            .decided(route.path(), p.cache, elapsed(started));
         debug!(path = %req.path, prefill = %prefill.url, decode = %decode.url, "routed PD pair");
         let mut response = self.decide(decodes, d.index, req.ticket, fields(pd_fields.decode));
         if let Some(route_response::Outcome::Decision(decision)) = response.outcome.as_mut() {
@@ -405,6 +408,7 @@ impl Engine {
             )));
         }
         let address = WorkerAddress::resolve(url).await?;
+        self.options.addresses.check(url, address.endpoint)?;
         if self.registry.contains(&address.url) {
             return Err(RegistryError::Duplicate(address.url).into());
         }
@@ -462,16 +466,6 @@ fn reject(status: u32, kind: &str, message: &str) -> RouteResponse {
             message: message.to_string(),
             error_type: kind.to_string(),
         })),
-    }
-}
-
-fn route_label(route: Route) -> &'static str {
-    match route {
-        Route::ChatCompletions => "/v1/chat/completions",
-        Route::Completions => "/v1/completions",
-        Route::Generate => "/generate",
-        Route::Embeddings => "/v1/embeddings",
-        Route::Rerank => "/v1/rerank",
     }
 }
 

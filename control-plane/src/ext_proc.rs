@@ -6,7 +6,8 @@
 //!
 //! One gRPC stream is one HTTP request. With the processing modes of
 //! `envoy/envoy-ext-proc.yaml` (request headers SEND, request body BUFFERED,
-//! response headers SEND, response body NONE, no trailers) it goes:
+//! response headers SKIP unless an inference request asks for them, response
+//! body NONE, no trailers) it goes:
 //!
 //! 1. request headers: remember path, method and headers; drop a client's
 //!    endpoint header; 405/400/413 for unusable inference requests; route
@@ -60,8 +61,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::google::protobuf::{value, Duration as ProtoDuration, Struct};
 use futures::{Stream, StreamExt};
 use sglang_envoy_body::{
-    is_info_path, merge_first_sse_event, merge_input_logprobs, openai_error_json,
-    pd::prefill_error_status, RequestBody, Route, SseMerge,
+    merge_first_sse_event, merge_input_logprobs, openai_error_json, over_budget,
+    pd::prefill_error_status, too_large, Endpoint, Head, RequestBody, Route, SseMerge,
 };
 use sglang_envoy_proto::{
     route_response, Completion, Decision, Header, PrefillOutcome, RouteRequest,
@@ -71,6 +72,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
+use crate::body_budget::{BodyBudget, BodyHold};
 use crate::engine::Engine;
 use crate::workers::HealthChecker;
 
@@ -80,10 +82,6 @@ pub const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
 /// gRPC metadata (set with `initial_metadata` in the Envoy config) carrying
 /// the largest request body accepted; larger bodies get 413.
 pub const MAX_BODY_METADATA: &str = "x-sglang-max-body-bytes";
-
-/// Body limit when Envoy does not send [`MAX_BODY_METADATA`] (the wasm
-/// filter's default).
-pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// Longest wait for a PD prefill that Envoy is asked to allow
 /// (`override_message_timeout`). Must not exceed `max_message_timeout` in
@@ -95,6 +93,16 @@ pub const MAX_PREFILL_WAIT: Duration = Duration::from_secs(1800);
 /// once), the client gets the prefill's error, the cause, rather than the
 /// decode's. Past this the decode's error goes out as it is.
 pub const DECODE_ERROR_GRACE: Duration = Duration::from_millis(250);
+
+/// How long the whole body of an inference request may take to arrive
+/// once its head has: this, plus a second per MiB it declares (a minimum
+/// upload rate). Envoy buffers the body before sending it here, so progress
+/// is invisible; a client that announces a body and stalls gets 408 when
+/// this runs out, not when Envoy's request timeout does.
+pub const BODY_WAIT_BASE: Duration = Duration::from_secs(4);
+
+/// The slowest upload accepted, in bytes per second (see [`BODY_WAIT_BASE`]).
+pub const BODY_MIN_RATE: u64 = 1 << 20;
 
 /// The attribute map key Envoy files `response_attributes` under.
 const ATTRIBUTES_KEY: &str = "envoy.filters.http.ext_proc";
@@ -135,15 +143,28 @@ pub struct ExtProcService {
     engine: Arc<Engine>,
     health: Arc<HealthChecker>,
     tickets: Arc<TicketSource>,
+    max_body_bytes: usize,
+    budget: Arc<BodyBudget>,
 }
 
 impl ExtProcService {
-    /// A service over `engine`; `health` checks workers Envoy failed over from.
-    pub fn new(engine: Arc<Engine>, health: Arc<HealthChecker>) -> Self {
+    /// A front door over `engine` (`health` checks workers Envoy failed
+    /// over from), holding at most `budget` of request bodies at once;
+    /// bodies over `max_body_bytes`
+    /// (`--max-payload-size`) get 413 unless Envoy sends its own limit in
+    /// [`MAX_BODY_METADATA`].
+    pub fn new(
+        engine: Arc<Engine>,
+        health: Arc<HealthChecker>,
+        max_body_bytes: usize,
+        budget: Arc<BodyBudget>,
+    ) -> Self {
         ExtProcService {
             engine,
             health,
             tickets: Arc::new(TicketSource::new()),
+            max_body_bytes,
+            budget,
         }
     }
 }
@@ -163,12 +184,13 @@ impl ExternalProcessor for ExtProcService {
             .get(MAX_BODY_METADATA)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(DEFAULT_MAX_BODY_BYTES);
+            .unwrap_or(self.max_body_bytes);
         let exchange = Exchange::new(
             self.engine.clone(),
             Some(self.health.clone()),
             self.tickets.clone(),
             max_body_bytes,
+            self.budget.clone(),
         );
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(exchange.run(request.into_inner(), tx));
@@ -207,6 +229,10 @@ struct Exchange {
     health: Option<Arc<HealthChecker>>,
     tickets: Arc<TicketSource>,
     max_body_bytes: usize,
+    /// Bodies Envoy holds for requests through this front door.
+    budget: Arc<BodyBudget>,
+    /// This request's body in the budget, until its worker answers.
+    body_hold: Option<BodyHold>,
     started: Instant,
     path: String,
     method: String,
@@ -215,6 +241,9 @@ struct Exchange {
     headers: Vec<Header>,
     /// The inference route, for POSTs whose body we route on.
     route: Option<Route>,
+    /// An inference request's body is awaited, of this declared length
+    /// (`content-length`) if any.
+    awaiting_body: Option<Option<usize>>,
     /// Set once the engine counted load under this ticket.
     ticket: Option<u64>,
     prefill: Prefill,
@@ -244,18 +273,22 @@ impl Exchange {
         health: Option<Arc<HealthChecker>>,
         tickets: Arc<TicketSource>,
         max_body_bytes: usize,
+        budget: Arc<BodyBudget>,
     ) -> Self {
         Exchange {
             engine,
             health,
             tickets,
             max_body_bytes,
+            budget,
+            body_hold: None,
             started: Instant::now(),
             path: String::new(),
             method: String::new(),
             request_id: String::new(),
             headers: Vec::new(),
             route: None,
+            awaiting_body: None,
             ticket: None,
             prefill: Prefill::None,
             merge_wanted: false,
@@ -278,11 +311,15 @@ impl Exchange {
     {
         let mut waiting: Option<PrefillWait> = None;
         let mut grace: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        let mut body_due: Option<Pin<Box<tokio::time::Sleep>>> = None;
         loop {
             let reply = tokio::select! {
                 message = inbound.next() => match message {
                     Some(Ok(message)) => {
                         let next = self.on_message(message);
+                        body_due = self
+                            .body_wait()
+                            .map(|wait| Box::pin(tokio::time::sleep(wait)));
                         if let (Prefill::Pending, Some(ticket), None) =
                             (&self.prefill, self.ticket, &waiting)
                         {
@@ -316,6 +353,19 @@ impl Exchange {
                         None => continue,
                     }
                 }
+                () = sleep_for(&mut body_due) => {
+                    body_due = None;
+                    let wait = self.body_wait().unwrap_or_default();
+                    warn!(path = %self.path, "request body did not arrive in {wait:?}");
+                    match self.local_reply(
+                        408,
+                        "timeout",
+                        &format!("the request body did not arrive within {} s", wait.as_secs()),
+                    ) {
+                        Next::Reply(reply) => *reply,
+                        _ => continue,
+                    }
+                }
                 () = sleep_for(&mut grace) => {
                     grace = None;
                     // The prefill is still running: the decode's error goes out.
@@ -328,6 +378,13 @@ impl Exchange {
                 break;
             }
         }
+    }
+
+    /// While an inference request's body is awaited: how long it may take.
+    fn body_wait(&self) -> Option<Duration> {
+        let declared = self.awaiting_body.filter(|_| !self.replied_locally)?;
+        let declared = declared.unwrap_or(self.max_body_bytes) as u64;
+        Some(BODY_WAIT_BASE + Duration::from_secs(declared / BODY_MIN_RATE))
     }
 
     fn on_message(&mut self, message: ProcessingRequest) -> Next {
@@ -380,65 +437,63 @@ impl Exchange {
             ..Default::default()
         };
 
-        if let Some(route) = Route::from_path(&self.path) {
-            if self.method != "POST" {
-                return self.local_reply(405, "invalid_request_error", "use POST for this route");
-            }
-            if h.end_of_stream {
-                return self.local_reply(400, "invalid_request_error", "request body is required");
-            }
-            let declared = self
+        let head = Head {
+            method: &self.method,
+            path: &self.path,
+            end_of_stream: h.end_of_stream,
+            content_length: self
                 .header("content-length")
-                .and_then(|v| v.parse::<usize>().ok());
-            if declared.is_some_and(|len| len > self.max_body_bytes) {
-                return self.too_large();
-            }
+                .and_then(|v| v.parse::<usize>().ok()),
+            max_body_bytes: self.max_body_bytes,
+        };
+        let endpoint = match head.check() {
+            Ok(endpoint) => endpoint,
+            Err(r) => return self.local_reply(r.status, r.kind, &r.message),
+        };
+        if let Endpoint::Inference(route) = endpoint {
+            self.awaiting_body = Some(head.content_length);
             self.route = Some(route);
-            // The whole body comes next (request body mode BUFFERED).
-            return reply(processing_response::Response::RequestHeaders(
-                headers_response(strip),
-            ));
-        }
-
-        if self.method == "GET" && is_info_path(&self.path) {
-            let question = RouteRequest {
-                path: self.path.clone(),
-                method: self.method.clone(),
-                request_id: self.request_id.clone(),
+            // The whole body comes next (request body mode BUFFERED), and
+            // the response headers are ours to see.
+            return send(ProcessingResponse {
+                response: Some(processing_response::Response::RequestHeaders(
+                    headers_response(strip),
+                )),
+                mode_override: Some(routed()),
                 ..Default::default()
-            };
-            return match self.engine.route(&question).outcome {
-                Some(route_response::Outcome::Decision(d)) if !d.endpoints.is_empty() => {
-                    // No load is counted for info requests (ticket 0).
-                    let mut mutation = strip;
-                    mutation.remove_headers.clear();
-                    mutation
-                        .set_headers
-                        .push(set_header(ENDPOINT_HEADER, &d.endpoints.join(",")));
-                    debug!(path = %self.path, worker = %d.worker_url, "info request routed");
-                    send(ProcessingResponse {
-                        response: Some(processing_response::Response::RequestHeaders(
-                            headers_response(mutation),
-                        )),
-                        mode_override: Some(nothing_more()),
-                        ..Default::default()
-                    })
-                }
-                other => self.refuse(other),
-            };
+            });
         }
 
-        // Not routed by the control plane: pass through, and skip the rest.
-        send(ProcessingResponse {
-            response: Some(processing_response::Response::RequestHeaders(
-                headers_response(strip),
-            )),
-            mode_override: Some(nothing_more()),
+        // An info GET: any healthy worker.
+        let question = RouteRequest {
+            path: self.path.clone(),
+            method: self.method.clone(),
+            request_id: self.request_id.clone(),
             ..Default::default()
-        })
+        };
+        match self.engine.route(&question).outcome {
+            Some(route_response::Outcome::Decision(d)) if !d.endpoints.is_empty() => {
+                // No load is counted for info requests (ticket 0).
+                let mut mutation = strip;
+                mutation.remove_headers.clear();
+                mutation
+                    .set_headers
+                    .push(set_header(ENDPOINT_HEADER, &d.endpoints.join(",")));
+                debug!(path = %self.path, worker = %d.worker_url, "info request routed");
+                send(ProcessingResponse {
+                    response: Some(processing_response::Response::RequestHeaders(
+                        headers_response(mutation),
+                    )),
+                    mode_override: Some(nothing_more()),
+                    ..Default::default()
+                })
+            }
+            other => self.refuse(other),
+        }
     }
 
     fn on_request_body(&mut self, b: HttpBody) -> Next {
+        self.awaiting_body = None;
         let Some(route) = self.route else {
             return reply(processing_response::Response::RequestBody(
                 BodyResponse::default(),
@@ -446,6 +501,11 @@ impl Exchange {
         };
         if b.body.len() > self.max_body_bytes {
             return self.too_large();
+        }
+        self.body_hold = self.budget.hold(b.body.len());
+        if self.body_hold.is_none() {
+            let r = over_budget();
+            return self.local_reply(r.status, r.kind, &r.message);
         }
         let (routing_text, stream) = match RequestBody::parse(&b.body) {
             Ok(parsed) => (parsed.routing_text(route).into_bytes(), parsed.is_stream()),
@@ -512,6 +572,8 @@ impl Exchange {
     }
 
     fn on_response_headers(&mut self, h: HttpHeaders) -> Next {
+        // The worker has read the body: Envoy no longer holds it.
+        self.body_hold = None;
         let headers = header_list(h.headers.as_ref());
         let get = |name: &str| {
             headers
@@ -654,11 +716,8 @@ impl Exchange {
     }
 
     fn too_large(&mut self) -> Next {
-        let message = format!(
-            "request body is larger than the router's limit of {} bytes",
-            self.max_body_bytes
-        );
-        self.local_reply(413, "invalid_request_error", &message)
+        let r = too_large(self.max_body_bytes);
+        self.local_reply(r.status, r.kind, &r.message)
     }
 
     fn local_reply(&mut self, status: u16, kind: &str, message: &str) -> Next {
@@ -758,6 +817,21 @@ fn extend_timeout(limit: Duration) -> ProcessingResponse {
             nanos: 0,
         }),
         ..Default::default()
+    }
+}
+
+/// An inference request: its whole body, then its response headers. The
+/// Envoy config skips response headers by default, so that replies Envoy
+/// makes to requests never shown to us (a malformed request, HTTP/1.0) go
+/// out at once instead of waiting on a processor that knows nothing of them.
+fn routed() -> ProcessingMode {
+    ProcessingMode {
+        request_header_mode: HeaderSendMode::Send as i32,
+        request_body_mode: BodySendMode::Buffered as i32,
+        request_trailer_mode: HeaderSendMode::Skip as i32,
+        response_header_mode: HeaderSendMode::Send as i32,
+        response_body_mode: BodySendMode::None as i32,
+        response_trailer_mode: HeaderSendMode::Skip as i32,
     }
 }
 
@@ -878,6 +952,7 @@ mod tests {
                 None,
                 Arc::new(TicketSource::new()),
                 max_body_bytes,
+                BodyBudget::new(usize::MAX),
             );
             let (to, inbound) = mpsc::channel(4);
             let (tx, from) = mpsc::channel(4);
@@ -1155,17 +1230,19 @@ mod tests {
         s.end(false).await;
         assert_eq!(e.in_flight(), 0);
 
-        // Paths the router does not serve pass through untouched.
-        let mut s = Stream::open(&e, 100);
-        let r = s
-            .ask(In::RequestHeaders(headers(
-                &[(":method", "POST"), (":path", "/flush_cache")],
-                false,
-            )))
-            .await;
-        assert_eq!(set(&r, ENDPOINT_HEADER), None);
-        assert_eq!(r.mode_override, Some(nothing_more()));
-        s.end(false).await;
+        // Paths the router does not serve never reach a worker.
+        for (method, path) in [("POST", "/flush_cache"), ("GET", "/_sim/requests")] {
+            let mut s = Stream::open(&e, 100);
+            let r = s
+                .ask(In::RequestHeaders(headers(
+                    &[(":method", method), (":path", path)],
+                    false,
+                )))
+                .await;
+            assert_eq!(immediate(&r).0, 404, "{path}");
+            s.end(false).await;
+        }
+        assert_eq!(e.in_flight(), 0);
     }
 
     #[tokio::test]

@@ -9,9 +9,11 @@
 //! In PD mode the engine also builds the bootstrap fields and sends the
 //! prefill half itself (`pd`), and the filter waits for it (`AwaitPrefill`).
 //! `ext_proc` is a second front door over the same engine, for Envoys that
-//! run the built-in `ext_proc` filter instead of the wasm filter.
+//! run the built-in `ext_proc` filter instead of the wasm filter; it keeps
+//! the bodies Envoy holds for it within a `body_budget`.
 
 pub mod admin;
+pub mod body_budget;
 pub mod config;
 pub mod engine;
 pub mod ext_proc;

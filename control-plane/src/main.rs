@@ -19,10 +19,13 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::Ex
 use sglang_envoy_proto::router_server::RouterServer;
 use tracing::{debug, error, info, warn};
 
+use sglang_envoy_control_plane::body_budget::BodyBudget;
 use sglang_envoy_control_plane::config::Args;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::metrics::Metrics;
-use sglang_envoy_control_plane::workers::{persist, HealthChecker, Registry, Role, WorkerSpec};
+use sglang_envoy_control_plane::workers::{
+    persist, AddressPolicy, HealthChecker, Registry, Role, WorkerSpec,
+};
 use sglang_envoy_control_plane::{admin, ext_proc, policy, service, xds};
 
 /// mimalloc instead of glibc's allocator: a routing decision allocates a
@@ -79,6 +82,11 @@ async fn main() -> anyhow::Result<()> {
             pd: args.pd_disaggregation,
             dp_aware: args.dp_aware,
             request_timeout: Duration::from_secs(args.request_timeout_secs),
+            addresses: AddressPolicy {
+                allow_link_local: args.allow_link_local_workers,
+                own_ports: vec![args.admin_port, args.grpc_port],
+                own_host: Some(args.host),
+            },
         },
     )?);
     let health = Arc::new(HealthChecker::new(registry.clone(), &args)?);
@@ -172,18 +180,26 @@ async fn main() -> anyhow::Result<()> {
     ));
 
     let grpc_addr = SocketAddr::new(args.host, args.grpc_port);
+    // Questions and ext_proc messages carry whole request bodies: tonic's
+    // default limit (4 MiB) would turn larger ones into errors.
+    let limit = args.grpc_message_limit();
     let grpc = tonic::transport::Server::builder()
-        .add_service(RouterServer::new(service::RouterService::new(
-            engine.clone(),
-            health.clone(),
-        )))
+        .add_service(
+            RouterServer::new(service::RouterService::new(engine.clone(), health.clone()))
+                .max_decoding_message_size(limit),
+        )
         .add_service(EndpointDiscoveryServiceServer::new(xds::Eds::new(
             registry.clone(),
         )))
-        .add_service(ExternalProcessorServer::new(ext_proc::ExtProcService::new(
-            engine.clone(),
-            health.clone(),
-        )))
+        .add_service(
+            ExternalProcessorServer::new(ext_proc::ExtProcService::new(
+                engine.clone(),
+                health.clone(),
+                args.max_payload_size,
+                BodyBudget::new(args.ext_proc_max_buffered_bytes),
+            ))
+            .max_decoding_message_size(limit),
+        )
         .serve(grpc_addr);
 
     let admin_addr = SocketAddr::new(args.host, args.admin_port);

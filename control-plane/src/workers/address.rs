@@ -1,4 +1,4 @@
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use reqwest::Url;
 
@@ -22,6 +22,84 @@ pub enum AddressError {
     /// The host name does not resolve.
     #[error("`{0}`: cannot resolve host: {1}")]
     Resolve(String, String),
+    /// The address is one no worker may have (see [`AddressPolicy`]).
+    #[error("`{0}`: {1}")]
+    Forbidden(String, &'static str),
+}
+
+/// Which resolved addresses may be workers. The admin API lets whoever holds
+/// the token point the router at an address, and the control plane then
+/// sends health checks and prefill requests there; these rules keep it from
+/// being pointed at things that are never SGLang workers.
+#[derive(Debug, Clone, Default)]
+pub struct AddressPolicy {
+    /// Allow link-local addresses (169.254.0.0/16, fe80::/10), where cloud
+    /// metadata services live (`--allow-link-local-workers`).
+    pub allow_link_local: bool,
+    /// The control plane's own ports (admin, gRPC): refused on loopback and
+    /// on `own_host`, so the router never routes to itself.
+    pub own_ports: Vec<u16>,
+    /// The address the control plane listens on.
+    pub own_host: Option<IpAddr>,
+}
+
+impl AddressPolicy {
+    /// Refuses `endpoint` (resolved from the URL `raw`) when no worker may
+    /// live there.
+    pub fn check(&self, raw: &str, endpoint: SocketAddr) -> Result<(), AddressError> {
+        let ip = canonical_ip(endpoint.ip());
+        let forbidden = |why| Err(AddressError::Forbidden(shorten(raw), why));
+        if ip.is_unspecified() {
+            return forbidden("0.0.0.0 and :: are not addresses a worker can be reached at");
+        }
+        if ip.is_multicast() || ip == IpAddr::from([255, 255, 255, 255]) {
+            return forbidden("multicast and broadcast addresses are not workers");
+        }
+        if !self.allow_link_local && is_link_local(ip) {
+            return forbidden(
+                "link-local addresses (cloud metadata services live there) are refused; \
+                 start the control plane with --allow-link-local-workers to allow them",
+            );
+        }
+        let own_host = self.own_host.map(canonical_ip);
+        if self.own_ports.contains(&endpoint.port())
+            && (ip.is_loopback()
+                || own_host == Some(ip)
+                || own_host.is_some_and(|h| h.is_unspecified()))
+        {
+            return forbidden("that is the control plane's own port, not a worker");
+        }
+        Ok(())
+    }
+}
+
+/// `ip` with IPv4-mapped IPv6 addresses written as IPv4.
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+/// The identity of a worker server: two URLs that reach the same socket
+/// (`localhost` and `127.0.0.1`, `[::1]` and `127.0.0.1`) are one worker,
+/// so it cannot be registered twice with two loads. Every loopback address
+/// is the same host.
+pub fn identity(endpoint: SocketAddr) -> (IpAddr, u16) {
+    let ip = canonical_ip(endpoint.ip());
+    let ip = if ip.is_loopback() {
+        IpAddr::from([127, 0, 0, 1])
+    } else {
+        ip
+    };
+    (ip, endpoint.port())
 }
 
 /// A worker URL, normalised, with the socket address Envoy connects to.
@@ -65,6 +143,9 @@ impl WorkerAddress {
             return Err(AddressError::NoPort(raw.into()));
         }
         let port = url.port_or_known_default().unwrap_or(80);
+        if port == 0 {
+            return Err(AddressError::Invalid(raw.into()));
+        }
         Ok((format!("http://{host}:{port}"), host, port))
     }
 
@@ -177,11 +258,61 @@ mod tests {
             "javascript:alert(1)",
             "http://a:1\n",
             "http://a:99999",
+            "http://127.0.0.1:0",
         ] {
             assert!(WorkerAddress::normalise(bad).is_err(), "{bad} accepted");
         }
         let long = format!("http://{}:1", "a".repeat(600));
         assert!(WorkerAddress::normalise(&long).is_err());
+    }
+
+    #[test]
+    fn policy_refuses_what_is_never_a_worker() {
+        let policy = AddressPolicy {
+            allow_link_local: false,
+            own_ports: vec![30010, 30011],
+            own_host: Some("127.0.0.1".parse().unwrap()),
+        };
+        let check = |a: &str| policy.check("u", a.parse().unwrap()).map_err(|_| ());
+        for bad in [
+            "0.0.0.0:8000",
+            "[::]:8000",
+            "169.254.169.254:80",
+            "[fe80::1]:80",
+            "[::ffff:169.254.169.254]:80",
+            "224.0.0.1:80",
+            "255.255.255.255:80",
+            "127.0.0.1:30010",
+            "127.0.0.2:30011",
+            "[::1]:30011",
+        ] {
+            assert!(check(bad).is_err(), "{bad} accepted");
+        }
+        for good in [
+            "127.0.0.1:8000",
+            "10.0.0.5:30010",
+            "[::1]:8000",
+            "192.168.1.2:80",
+        ] {
+            assert!(check(good).is_ok(), "{good} refused");
+        }
+        let open = AddressPolicy {
+            allow_link_local: true,
+            ..policy
+        };
+        assert!(open
+            .check("u", "169.254.169.254:80".parse().unwrap())
+            .is_ok());
+    }
+
+    #[test]
+    fn loopback_spellings_are_one_identity() {
+        let id = |a: &str| identity(a.parse().unwrap());
+        assert_eq!(id("127.0.0.1:8000"), id("[::1]:8000"));
+        assert_eq!(id("127.0.0.1:8000"), id("[::ffff:127.0.0.1]:8000"));
+        assert_eq!(id("10.0.0.1:8000"), id("[::ffff:10.0.0.1]:8000"));
+        assert_ne!(id("127.0.0.1:8000"), id("127.0.0.1:8001"));
+        assert_ne!(id("10.0.0.1:8000"), id("10.0.0.2:8000"));
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ pub mod persist;
 mod registry;
 mod worker;
 
-pub use address::{AddressError, WorkerAddress};
+pub use address::{identity, AddressError, AddressPolicy, WorkerAddress};
 pub use discovery::{dp_size, DiscoveryError};
 pub use health::HealthChecker;
 pub use registry::{Registry, RegistryError};

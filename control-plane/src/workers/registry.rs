@@ -5,7 +5,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::workers::{Health, Role, Worker, WorkerAddress, WorkerSpec};
+use crate::workers::{identity, Health, Role, Worker, WorkerAddress, WorkerSpec};
 
 /// Why a registry change was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -13,6 +13,9 @@ pub enum RegistryError {
     /// The URL (after normalisation) is registered already.
     #[error("worker {0} is already registered")]
     Duplicate(String),
+    /// Another URL reaching the same server is registered already.
+    #[error("worker {0} is already registered as {1}")]
+    SameServer(String, String),
     /// No worker has this URL.
     #[error("worker {0} is not registered")]
     NotFound(String),
@@ -58,6 +61,13 @@ impl Registry {
         let mut workers = self.workers.lock();
         if workers.iter().any(|w| w.base_url == address.url) {
             return Err(RegistryError::Duplicate(address.url));
+        }
+        let id = identity(address.endpoint);
+        if let Some(same) = workers.iter().find(|w| identity(w.endpoint) == id) {
+            return Err(RegistryError::SameServer(
+                address.url,
+                same.base_url.clone(),
+            ));
         }
         let health = Arc::new(Health::default());
         let ranks: Vec<Option<u32>> = match dp_size {
