@@ -10,7 +10,10 @@
 # Placeholder values come from the environment, one variable per placeholder
 # {{NAME}}: LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST
 # CONTROL_PLANE_GRPC_PORT CONTROL_PLANE_ADMIN_PORT FILTER_WASM, and
-# MAX_BODY_BYTES (default 33554432, the filter's 32 MiB). The template can be
+# MAX_BODY_BYTES (default 33554432, the filter's 32 MiB), MAX_CONNECTIONS
+# (default 10000 client connections) and FILTER_OPTIONS (default empty:
+# more members of the wasm filter's JSON configuration, written with a
+# leading comma, e.g. `, "body_idle_timeout_ms": 8000`). The template can be
 # overridden with ENVOY_TEMPLATE. ADMIN_ROUTES=off drops the routes that
 # expose the control plane's admin API on the client port (the block between
 # `# BEGIN admin-routes` and `# END admin-routes`); default on.
@@ -25,13 +28,16 @@ shift
 here=$(CDPATH='' cd -- "$(dirname -- "$0")" && pwd)
 template=${ENVOY_TEMPLATE:-$here/envoy.yaml}
 MAX_BODY_BYTES=${MAX_BODY_BYTES:-33554432}
+MAX_CONNECTIONS=${MAX_CONNECTIONS:-10000}
+FILTER_OPTIONS=${FILTER_OPTIONS:-}
 
 # One sed expression per placeholder; values are escaped for sed.
 script=""
 for name in LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST \
-    CONTROL_PLANE_GRPC_PORT CONTROL_PLANE_ADMIN_PORT MAX_BODY_BYTES FILTER_WASM; do
+    CONTROL_PLANE_GRPC_PORT CONTROL_PLANE_ADMIN_PORT MAX_BODY_BYTES MAX_CONNECTIONS \
+    FILTER_WASM FILTER_OPTIONS; do
   eval "value=\${$name:-}"
-  if [ -z "$value" ]; then
+  if [ -z "$value" ] && [ "$name" != FILTER_OPTIONS ]; then
     echo "render.sh: $name is not set" >&2
     exit 2
   fi

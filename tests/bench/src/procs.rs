@@ -358,6 +358,8 @@ async fn start_ours(
         .replace("{{CONTROL_PLANE_GRPC_PORT}}", &grpc.to_string())
         .replace("{{CONTROL_PLANE_ADMIN_PORT}}", &admin.to_string())
         .replace("{{MAX_BODY_BYTES}}", "33554432")
+        .replace("{{MAX_CONNECTIONS}}", "10000")
+        .replace("{{FILTER_OPTIONS}}", "")
         .replace("{{FILTER_WASM}}", &paths.wasm.display().to_string());
     if config.contains("{{") {
         bail!("{template_path} has a placeholder the benchmark does not fill");
