@@ -78,6 +78,11 @@ pub struct StackOptions {
     pub pd: Option<PdOptions>,
     /// Route the admin API through Envoy's client port (`ADMIN_ROUTES`).
     pub admin_routes: bool,
+    /// More members of the wasm filter's JSON configuration, with a
+    /// leading comma (`FILTER_OPTIONS`).
+    pub filter_options: String,
+    /// Envoy's limit on client connections (`MAX_CONNECTIONS`).
+    pub max_connections: Option<usize>,
 }
 
 /// A PD fleet of simulated workers.
@@ -127,6 +132,8 @@ impl Default for StackOptions {
             max_body_bytes: 33_554_432,
             pd: None,
             admin_routes: true,
+            filter_options: String::new(),
+            max_connections: None,
         }
     }
 }
@@ -241,6 +248,8 @@ pub struct Stack {
     pub admin: String,
     /// Where logs and the rendered config live.
     pub dir: PathBuf,
+    /// `http://127.0.0.1:port` of Envoy's own admin interface (stats).
+    pub envoy_admin: String,
     cp: Proc,
     cp_args: Vec<String>,
     cp_starts: usize,
@@ -349,6 +358,11 @@ impl Stack {
             .env("MAX_BODY_BYTES", opts.max_body_bytes.to_string())
             .env("FILTER_WASM", wasm.display().to_string())
             .env("ADMIN_ROUTES", if opts.admin_routes { "on" } else { "off" })
+            .env("FILTER_OPTIONS", &opts.filter_options)
+            .env(
+                "MAX_CONNECTIONS",
+                opts.max_connections.unwrap_or(10_000).to_string(),
+            )
             .output()
             .context("running envoy/render.sh")?;
         if !rendered.status.success() {
@@ -378,6 +392,7 @@ impl Stack {
             base: format!("http://127.0.0.1:{port}"),
             admin,
             dir,
+            envoy_admin: format!("http://127.0.0.1:{envoy_admin}"),
             cp,
             cp_args: args,
             cp_starts: 1,
@@ -416,6 +431,12 @@ impl Stack {
         format!("{}{path}", self.base)
     }
 
+    /// A URL on the control plane's admin port (where changes to the
+    /// workers are served without a token).
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("{}{path}", self.admin)
+    }
+
     /// POSTs a raw JSON body through Envoy.
     pub async fn post(&self, path: &str, body: &str) -> reqwest::Response {
         reqwest::Client::new()
@@ -450,6 +471,24 @@ impl Stack {
             !loads.is_empty() && loads.iter().all(|(_, l)| *l == 0)
         })
         .await
+    }
+
+    /// One counter or gauge of Envoy's stats (`None` when Envoy has none
+    /// by that name).
+    pub async fn envoy_stat(&self, name: &str) -> Option<u64> {
+        let text = reqwest::get(format!("{}/stats?filter=^{name}$", self.envoy_admin))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(": ")?
+                .trim()
+                .parse()
+                .ok()
+        })
     }
 
     /// Kills the control plane like a crash.

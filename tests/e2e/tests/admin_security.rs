@@ -1,5 +1,8 @@
-//! The admin API with `--admin-token`: changing the fleet needs the token,
-//! reading does not, and worker URLs are validated before anything is called.
+//! The admin API: changing the fleet through Envoy's client port needs
+//! `--admin-token` (without one, only the admin port itself serves changes),
+//! reading does not, and worker URLs are validated before anything is
+//! called: no address that is never a worker, no second URL for a server
+//! already registered.
 
 use std::time::Duration;
 
@@ -104,24 +107,84 @@ async fn without_the_token_nobody_can_make_the_control_plane_call_out() {
 }
 
 #[tokio::test]
-async fn garbage_and_duplicate_worker_urls_are_400() {
+async fn without_a_token_the_client_port_cannot_redirect_traffic() {
+    // The default launch: no --admin-token, admin routes on the client port.
+    let stack = Stack::with_workers(1).await;
+    let canary = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", canary.local_addr().unwrap());
+    let client = reqwest::Client::new();
+    let attempts = [
+        client.post(stack.url(&format!("/add_worker?url={url}"))),
+        client
+            .post(stack.url("/workers"))
+            .json(&json!({ "url": url })),
+        client.post(stack.url(&format!("/remove_worker?url={}", stack.workers[0].url))),
+        client.delete(stack.url(&format!("/workers/{}", stack.workers[0].url))),
+        // A client cannot pretend to be the admin port by dropping Envoy's mark.
+        client
+            .post(stack.url(&format!("/add_worker?url={url}")))
+            .header("x-sglang-envoy-client-port", ""),
+    ];
+    for attempt in attempts {
+        let message = expect_openai_error(attempt.send().await.unwrap(), 403).await;
+        assert!(message.contains("--admin-token"), "{message}");
+    }
+    // Traffic keeps going to the registered worker, and nothing called out.
+    for i in 0..30 {
+        let body = format!(r#"{{"text":"prompt {i}","sampling_params":{{"max_new_tokens":1}}}}"#);
+        assert_eq!(stack.post("/generate", &body).await.status(), 200);
+    }
+    assert_eq!(stack.workers[0].served().await, 30);
+    let called = tokio::time::timeout(Duration::from_millis(500), canary.accept()).await;
+    assert!(called.is_err(), "the control plane connected to the canary");
+    let listed = stack.get_json("/list_workers").await;
+    assert_eq!(listed["urls"], json!([stack.workers[0].url]));
+    // The admin port itself still takes changes without a token.
+    let extra = SimWorker::start(&stack.dir, &[]).await.unwrap();
+    let r = client
+        .post(stack.admin_url(&format!("/add_worker?url={}", extra.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn garbage_forbidden_and_duplicate_worker_urls_are_400() {
     let stack = Stack::with_workers(1).await;
     let client = reqwest::Client::new();
     let existing = stack.workers[0].url.clone();
-    for bad in [
-        "not a url",
-        "ftp://127.0.0.1:21",
-        "https://127.0.0.1:443",
-        "http://127.0.0.1",
-        "http://127.0.0.1:1/v1/chat",
-        "http://user:pw@127.0.0.1:1",
-        "http://127.0.0.1:1?x=1",
-        "http://:1",
-        existing.as_str(),
-    ] {
+    let port = existing.rsplit(':').next().unwrap().to_string();
+    let admin_port = stack.admin.rsplit(':').next().unwrap().to_string();
+    let bad = [
+        "not a url".to_string(),
+        "ftp://127.0.0.1:21".into(),
+        "https://127.0.0.1:443".into(),
+        "http://127.0.0.1".into(),
+        "http://127.0.0.1:1/v1/chat".into(),
+        "http://user:pw@127.0.0.1:1".into(),
+        "http://127.0.0.1:1?x=1".into(),
+        "http://:1".into(),
+        "http://127.0.0.1:0".into(),
+        // Cloud metadata, unspecified and broadcast addresses are never workers.
+        "http://169.254.169.254:80".into(),
+        "http://[fe80::1]:80".into(),
+        format!("http://0.0.0.0:{port}"),
+        "http://255.255.255.255:80".into(),
+        // Nor is the control plane itself.
+        format!("http://127.0.0.1:{admin_port}"),
+        format!("http://localhost:{admin_port}"),
+        // The registered worker, however it is spelled.
+        existing.clone(),
+        format!("{existing}/"),
+        format!("http://localhost:{port}"),
+        format!("http://[::1]:{port}"),
+        format!("http://[::ffff:127.0.0.1]:{port}"),
+    ];
+    for bad in &bad {
         let r = client
-            .post(stack.url("/workers"))
-            .json(&json!({"url": bad}))
+            .post(stack.admin_url("/workers"))
+            .json(&json!({ "url": bad }))
             .send()
             .await
             .unwrap();
@@ -129,7 +192,7 @@ async fn garbage_and_duplicate_worker_urls_are_400() {
         assert!(!message.is_empty(), "{bad}");
     }
     let r = client
-        .post(stack.url("/workers"))
+        .post(stack.admin_url("/workers"))
         .body("{\"url\": 42}")
         .header("content-type", "application/json")
         .send()
@@ -138,6 +201,12 @@ async fn garbage_and_duplicate_worker_urls_are_400() {
     expect_openai_error(r, 400).await;
     let listed = stack.get_json("/list_workers").await;
     assert_eq!(listed["urls"], json!([existing]));
+    // One server, one load: the registered worker still serves alone.
+    assert_eq!(
+        stack.post("/generate", r#"{"text":"x"}"#).await.status(),
+        200
+    );
+    assert_eq!(stack.loads().await.len(), 1);
 }
 
 #[tokio::test]

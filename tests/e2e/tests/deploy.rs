@@ -256,13 +256,14 @@ fn wasm_filter(bootstrap: &Value) -> &Value {
         .expect("the sglang.router filter")
 }
 
-fn catch_all_route(bootstrap: &Value) -> &Value {
+/// The route of the inference requests (`/generate` and its siblings).
+fn worker_route(bootstrap: &Value) -> &Value {
     hcm(bootstrap)["route_config"]["virtual_hosts"][0]["routes"]
         .as_sequence()
         .unwrap()
         .iter()
-        .find(|r| r["match"]["prefix"].as_str() == Some("/"))
-        .expect("the catch-all route")
+        .find(|r| r["match"]["path"].as_str() == Some("/generate"))
+        .expect("the /generate route")
 }
 
 fn without(v: &Value, key: &str) -> Value {
@@ -817,6 +818,48 @@ fn docker_compose_config_accepts_the_file() {
 
 /// The Envoy settings deploy/ carries are exactly envoy/envoy.yaml's.
 #[test]
+fn envoy_routes_to_workers_exactly_the_paths_the_filter_serves() {
+    use sglang_envoy_body::{Route, INFO_PATHS};
+    for template in ["envoy/envoy.yaml", "envoy/envoy-ext-proc.yaml"] {
+        let mut env: BTreeMap<String, String> = template_placeholders()
+            .into_iter()
+            .map(|p| (p, "1".to_string()))
+            .collect();
+        env.insert(
+            "ENVOY_TEMPLATE".into(),
+            root().join(template).display().to_string(),
+        );
+        env.insert("FILTER_OPTIONS".into(), String::new());
+        let t: Value = serde_yaml::from_str(&render(&env, "routes")).expect("YAML");
+        let routes = hcm(&t)["route_config"]["virtual_hosts"][0]["routes"]
+            .as_sequence()
+            .unwrap();
+        let to_workers: BTreeSet<String> = routes
+            .iter()
+            .filter(|r| r["route"]["cluster"].as_str() == Some("sglang_workers"))
+            .map(|r| s(&r["match"]["path"]))
+            .collect();
+        let mut served: BTreeSet<String> =
+            Route::ALL.iter().map(|r| r.path().to_string()).collect();
+        served.insert("/rerank".into());
+        served.extend(INFO_PATHS.iter().map(|p| p.to_string()));
+        assert_eq!(to_workers, served, "{template}");
+        for path in &served {
+            assert!(Route::from_path(path).is_some() || INFO_PATHS.contains(&path.as_str()));
+        }
+        // Everything else gets Envoy's own 404, and paths are normalised
+        // before any of this is matched.
+        let last = routes.last().unwrap();
+        assert_eq!(s(&last["match"]["prefix"]), "/");
+        assert_eq!(last["direct_response"]["status"].as_u64(), Some(404));
+        let h = hcm(&t);
+        assert_eq!(h["normalize_path"], Value::Bool(true));
+        assert_eq!(h["merge_slashes"], Value::Bool(true));
+        assert_eq!(s(&h["path_with_escaped_slashes_action"]), "REJECT_REQUEST");
+    }
+}
+
+#[test]
 fn istio_envoyfilter_carries_the_template_settings() {
     let t = template();
     let qs = quickstart();
@@ -916,7 +959,7 @@ fn istio_envoyfilter_carries_the_template_settings() {
     let routes = by("HTTP_ROUTE");
     assert_eq!(routes.len(), 1);
     let r = &routes[0]["patch"]["value"]["route"];
-    let tr = &catch_all_route(&t)["route"];
+    let tr = &worker_route(&t)["route"];
     for key in ["cluster", "timeout", "retry_policy"] {
         assert_eq!(r[key], tr[key], "route.{key}");
     }
@@ -963,7 +1006,7 @@ fn envoy_gateway_policies_match_the_template() {
     let backend = &route["spec"]["rules"][0]["backendRefs"][0];
     assert_eq!(s(&backend["name"]), s(&workers_svc["metadata"]["name"]));
     assert_eq!(backend["port"], workers_svc["spec"]["ports"][0]["port"]);
-    let tr = &catch_all_route(&t)["route"];
+    let tr = &worker_route(&t)["route"];
     assert_eq!(
         s(&route["spec"]["rules"][0]["timeouts"]["request"]),
         s(&tr["timeout"])

@@ -86,6 +86,11 @@ async fn no_healthy_worker_is_503_until_one_recovers() {
         "no healthy workers",
     )
     .await;
+    // The router tells its orchestrator: alive, but not ready.
+    let live = reqwest::get(stack.url("/liveness")).await.unwrap();
+    assert_eq!(live.status(), 200);
+    let ready = reqwest::get(stack.url("/readiness")).await.unwrap();
+    expect_error(ready, 503, "not ready").await;
 
     stack.workers[1]
         .configure(serde_json::json!({"healthy": true}))
@@ -95,6 +100,8 @@ async fn no_healthy_worker_is_503_until_one_recovers() {
     })
     .await;
     assert!(back, "a recovered worker must get requests again");
+    let ready = reqwest::get(stack.url("/readiness")).await.unwrap();
+    assert_eq!(ready.status(), 200);
 }
 
 /// With a worker list, the wasm filter keeps routing through an outage (see

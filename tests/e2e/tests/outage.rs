@@ -23,7 +23,7 @@ async fn ten_seconds_without_the_control_plane_fail_no_request() {
     // A worker added at run time: it must survive the restart too.
     let added = SimWorker::start(&stack.dir, &[]).await.unwrap();
     let r = reqwest::Client::new()
-        .post(stack.url("/workers"))
+        .post(stack.admin_url("/workers"))
         .json(&json!({"url": added.url}))
         .send()
         .await

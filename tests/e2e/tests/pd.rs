@@ -396,7 +396,7 @@ async fn prefill_and_decode_workers_added_and_removed_at_run_time() {
 
     // JSON API for the decode worker.
     let r = client
-        .post(stack.url("/workers"))
+        .post(stack.admin_url("/workers"))
         .json(&json!({"url": extra_decode.url, "worker_type": "decode"}))
         .send()
         .await
@@ -404,7 +404,7 @@ async fn prefill_and_decode_workers_added_and_removed_at_run_time() {
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     // sglang-router's query form for the prefill worker.
     let r = client
-        .post(stack.url(&format!(
+        .post(stack.admin_url(&format!(
             "/add_worker?url={}&worker_type=prefill&bootstrap_port={bootstrap}",
             extra_prefill.url
         )))
@@ -437,7 +437,7 @@ async fn prefill_and_decode_workers_added_and_removed_at_run_time() {
     // Remove the original prefill: everything goes to the new one.
     let original = stack.prefills[0].url.clone();
     let r = client
-        .post(stack.url(&format!("/remove_worker?url={original}")))
+        .post(stack.admin_url(&format!("/remove_worker?url={original}")))
         .send()
         .await
         .unwrap();
@@ -459,7 +459,7 @@ async fn prefill_and_decode_workers_added_and_removed_at_run_time() {
     );
     // A regular worker has no place in a PD router.
     let r = client
-        .post(stack.url("/workers"))
+        .post(stack.admin_url("/workers"))
         .json(&json!({"url": "http://127.0.0.1:9", "worker_type": "regular"}))
         .send()
         .await

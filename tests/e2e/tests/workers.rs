@@ -25,9 +25,10 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
     let client = reqwest::Client::new();
     let extra = SimWorker::start(&stack.dir, &[]).await.unwrap();
 
-    // sglang-router's query-string API, through Envoy's client port.
+    // sglang-router's query-string API, on the admin port (through the
+    // client port it needs --admin-token: admin_security.rs).
     let r = client
-        .post(stack.url(&format!("/add_worker?url={}", extra.url)))
+        .post(stack.admin_url(&format!("/add_worker?url={}", extra.url)))
         .send()
         .await
         .unwrap();
@@ -49,7 +50,7 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
 
     // Duplicates and garbage are refused with JSON errors.
     let dup = client
-        .post(stack.url(&format!("/add_worker?url={}", extra.url)))
+        .post(stack.admin_url(&format!("/add_worker?url={}", extra.url)))
         .send()
         .await
         .unwrap();
@@ -58,17 +59,21 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
         .contains("already registered"));
     for bad in ["not-a-url", "ftp://x:1", "http://127.0.0.1:1/path"] {
         let r = client
-            .post(stack.url(&format!("/add_worker?url={bad}")))
+            .post(stack.admin_url(&format!("/add_worker?url={bad}")))
             .send()
             .await
             .unwrap();
         expect_openai_error(r, 400).await;
     }
-    let none = client.post(stack.url("/add_worker")).send().await.unwrap();
+    let none = client
+        .post(stack.admin_url("/add_worker"))
+        .send()
+        .await
+        .unwrap();
     assert!(expect_openai_error(none, 400).await.contains("url"));
 
     let r = client
-        .post(stack.url(&format!("/remove_worker?url={}", extra.url)))
+        .post(stack.admin_url(&format!("/remove_worker?url={}", extra.url)))
         .send()
         .await
         .unwrap();
@@ -82,7 +87,7 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
 
     // The JSON API.
     let r = client
-        .post(stack.url("/workers"))
+        .post(stack.admin_url("/workers"))
         .json(&serde_json::json!({"url": extra.url}))
         .send()
         .await
@@ -95,13 +100,13 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
     assert_eq!(extra.served().await, 7);
     let encoded = extra.url.replace(':', "%3A").replace('/', "%2F");
     let r = client
-        .delete(stack.url(&format!("/workers/{encoded}")))
+        .delete(stack.admin_url(&format!("/workers/{encoded}")))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
     let gone = client
-        .delete(stack.url(&format!("/workers/{encoded}")))
+        .delete(stack.admin_url(&format!("/workers/{encoded}")))
         .send()
         .await
         .unwrap();
