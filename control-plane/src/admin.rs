@@ -165,6 +165,10 @@ struct WorkerView {
     #[serde(skip_serializing_if = "Option::is_none")]
     bootstrap_port: Option<Option<u16>>,
     healthy: bool,
+    /// Circuit breaker: `closed`, `open` or `half_open`.
+    circuit: &'static str,
+    /// Consecutive failures counted towards opening the circuit.
+    consecutive_failures: u32,
     load: usize,
     processed: usize,
 }
@@ -180,6 +184,8 @@ impl From<&Arc<Worker>> for WorkerView {
             dp_rank: w.dp_rank,
             bootstrap_port: (w.role() == Role::Prefill).then_some(w.spec.bootstrap_port),
             healthy: w.is_healthy(),
+            circuit: w.circuit().state().as_str(),
+            consecutive_failures: w.circuit().failures(),
             load: w.load(),
             processed: w.processed(),
         }
@@ -338,7 +344,7 @@ async fn readiness(State(s): State<AdminState>) -> Response {
     } else {
         &[Role::Regular]
     };
-    if let Some(missing) = roles.iter().find(|r| registry.healthy(**r).is_empty()) {
+    if let Some(missing) = roles.iter().find(|r| registry.available(**r).is_empty()) {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
             "service_unavailable",
@@ -350,7 +356,10 @@ async fn readiness(State(s): State<AdminState>) -> Response {
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
-    let body = s.engine.metrics().render(&s.engine.registry().all());
+    let body = s
+        .engine
+        .metrics()
+        .render(&s.engine.registry().all(), s.engine.admission_counts());
     (
         [(
             header::CONTENT_TYPE,

@@ -125,10 +125,87 @@ pub struct Args {
     #[arg(long, default_value = "/health")]
     pub health_check_endpoint: String,
 
-    /// Other workers offered to Envoy after the chosen one; Envoy retries on
-    /// them, in order, when a connection to the chosen worker fails.
+    /// Distinct other workers Envoy may retry a failed attempt on (then
+    /// the same ones again, up to `--retry-max-retries` attempts).
     #[arg(long, default_value_t = 2)]
     pub max_fallback_workers: usize,
+
+    /// Attempts per request, the first included (sglang-router's meaning):
+    /// a refused or reset connection, a 408, 429 or 5xx answer, or a stream
+    /// that does not start, is retried on another worker before any byte
+    /// reaches the client.
+    #[arg(long, default_value_t = 5)]
+    pub retry_max_retries: u32,
+
+    /// Backoff before the first retry. Envoy does the retrying, with the
+    /// route's `retry_back_off` (envoy/envoy.yaml: 50 ms, up to 30 s, doubling
+    /// with full jitter); accepted for sglang-router launch lines.
+    #[arg(long, default_value_t = 50)]
+    pub retry_initial_backoff_ms: u64,
+
+    /// Longest backoff (see `--retry-initial-backoff-ms`).
+    #[arg(long, default_value_t = 30_000)]
+    pub retry_max_backoff_ms: u64,
+
+    /// Backoff growth per retry (see `--retry-initial-backoff-ms`; Envoy
+    /// doubles).
+    #[arg(long, default_value_t = 1.5)]
+    pub retry_backoff_multiplier: f32,
+
+    /// Backoff jitter (see `--retry-initial-backoff-ms`; Envoy's is full).
+    #[arg(long, default_value_t = 0.2)]
+    pub retry_jitter_factor: f32,
+
+    /// One attempt per request: no retries at all.
+    #[arg(long)]
+    pub disable_retries: bool,
+
+    /// A streamed answer that has not started after this many seconds counts
+    /// as a failed attempt (SGLang starts a stream at once; a worker that
+    /// does not is stalled) and is retried; 0: no bound.
+    #[arg(long, default_value_t = 10)]
+    pub stream_start_timeout_secs: u64,
+
+    /// Consecutive failed requests that open a worker's circuit: it gets
+    /// no new requests until `--cb-timeout-duration-secs` pass.
+    #[arg(long, default_value_t = 10)]
+    pub cb_failure_threshold: u32,
+
+    /// Consecutive successes that close a half-open circuit.
+    #[arg(long, default_value_t = 3)]
+    pub cb_success_threshold: u32,
+
+    /// How long an open circuit keeps its worker out of rotation.
+    #[arg(long, default_value_t = 60)]
+    pub cb_timeout_duration_secs: u64,
+
+    /// Failures further apart than this do not add up to a streak.
+    #[arg(long, default_value_t = 120)]
+    pub cb_window_duration_secs: u64,
+
+    /// Circuits never open.
+    #[arg(long)]
+    pub disable_circuit_breaker: bool,
+
+    /// Inference requests in flight at most (through every Envoy and front
+    /// door of this control plane); the next ones wait in a queue. 0 or
+    /// less: no limit.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub max_concurrent_requests: i64,
+
+    /// Requests that may wait for a slot; past it, 429. 0: no queue.
+    #[arg(long, default_value_t = 100)]
+    pub queue_size: usize,
+
+    /// Longest wait for a slot; past it, 408.
+    #[arg(long, default_value_t = 60)]
+    pub queue_timeout_secs: u64,
+
+    /// Accepted for sglang-router launch lines. sglang-router refills its
+    /// request tokens at this rate (by default the limit per second), so
+    /// more requests than the limit can run; here the limit is strict.
+    #[arg(long, allow_negative_numbers = true)]
+    pub rate_limit_tokens_per_second: Option<i64>,
 
     /// A request whose end was never reported stops counting as load after this.
     #[arg(long, default_value_t = 1800)]
@@ -217,6 +294,33 @@ impl Args {
         if self.health_check_interval_secs == 0 || self.eviction_interval_secs == 0 {
             return Err("intervals must be at least one second".into());
         }
+        if self.retry_max_retries == 0 {
+            return Err("--retry-max-retries counts attempts and must be at least 1".into());
+        }
+        if self.retry_initial_backoff_ms == 0
+            || self.retry_max_backoff_ms < self.retry_initial_backoff_ms
+        {
+            return Err(
+                "--retry-initial-backoff-ms must be above 0 and at most --retry-max-backoff-ms"
+                    .into(),
+            );
+        }
+        if self.retry_backoff_multiplier < 1.0 || !(0.0..=1.0).contains(&self.retry_jitter_factor) {
+            return Err(
+                "--retry-backoff-multiplier must be at least 1 and --retry-jitter-factor within 0..1"
+                    .into(),
+            );
+        }
+        if self.max_concurrent_requests > 0 && self.queue_size > 0 && self.queue_timeout_secs == 0 {
+            return Err("--queue-timeout-secs must be at least 1 with a queue".into());
+        }
+        if self.cb_failure_threshold == 0
+            || self.cb_success_threshold == 0
+            || self.cb_timeout_duration_secs == 0
+            || self.cb_window_duration_secs == 0
+        {
+            return Err("--cb-* thresholds and durations must be at least 1".into());
+        }
         if self.health_failure_threshold == 0 || self.health_success_threshold == 0 {
             return Err("health thresholds must be at least 1".into());
         }
@@ -264,6 +368,40 @@ impl Args {
             .saturating_mul(3)
             .saturating_add(1 << 20)
             .max(4 << 20)
+    }
+
+    /// How failed attempts are retried.
+    pub fn retry_options(&self) -> crate::retry::RetryOptions {
+        crate::retry::RetryOptions {
+            max_attempts: if self.disable_retries {
+                1
+            } else {
+                self.retry_max_retries
+            },
+            max_fallbacks: self.max_fallback_workers,
+            stream_start_timeout: (self.stream_start_timeout_secs > 0)
+                .then(|| std::time::Duration::from_secs(self.stream_start_timeout_secs)),
+        }
+    }
+
+    /// Admission control, when `--max-concurrent-requests` is positive.
+    pub fn admission(&self) -> Option<crate::admission::AdmissionOptions> {
+        (self.max_concurrent_requests > 0).then(|| crate::admission::AdmissionOptions {
+            limit: usize::try_from(self.max_concurrent_requests).unwrap_or(usize::MAX),
+            queue_size: self.queue_size,
+            queue_timeout: std::time::Duration::from_secs(self.queue_timeout_secs),
+        })
+    }
+
+    /// How the workers' circuit breakers behave.
+    pub fn circuit_config(&self) -> crate::workers::CircuitConfig {
+        crate::workers::CircuitConfig {
+            failure_threshold: self.cb_failure_threshold,
+            success_threshold: self.cb_success_threshold,
+            open_for: std::time::Duration::from_secs(self.cb_timeout_duration_secs),
+            window: std::time::Duration::from_secs(self.cb_window_duration_secs),
+            enabled: !self.disable_circuit_breaker,
+        }
     }
 
     /// The prefill policy (`--prefill-policy`, else `--policy`).

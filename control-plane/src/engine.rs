@@ -8,15 +8,17 @@ use std::time::{Duration, Instant};
 
 use sglang_envoy_body::{is_info_path, RequestBody, Route};
 use sglang_envoy_proto::{
-    route_response, BodyField, Completion, Decision, NeedBody, PrefillEndpoint, PrefillOutcome,
-    Rejection, RouteRequest, RouteResponse, WorkersSnapshot,
+    route_response, AdmissionOutcome, BodyField, Completion, Decision, NeedBody, PrefillEndpoint,
+    PrefillOutcome, Rejection, RouteRequest, RouteResponse, WorkersSnapshot,
 };
 use tracing::debug;
 
+use crate::admission::{AdmissionOptions, Gate};
 use crate::metrics::Metrics;
 use crate::pd::{self, PrefillDispatcher, PrefillJob, RidSource};
-use crate::policy::{least_loaded, Policy, RouteInput};
-use crate::tickets::Tickets;
+use crate::policy::{Policy, RouteInput};
+use crate::retry::{self, RetryOptions};
+use crate::tickets::{Counted, Tickets};
 use crate::workers::{
     AddressError, AddressPolicy, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerSpec,
 };
@@ -83,8 +85,8 @@ impl Policies {
 /// How the engine routes.
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
-    /// Other workers offered to Envoy for connection-failure retries.
-    pub max_fallbacks: usize,
+    /// How failed attempts are retried (and how many servers to offer).
+    pub retry: RetryOptions,
     /// Prefill/decode disaggregation.
     pub pd: bool,
     /// Route to DP ranks and read `dp_size` from workers as they are added.
@@ -93,16 +95,19 @@ pub struct EngineOptions {
     pub request_timeout: Duration,
     /// Which addresses may be workers.
     pub addresses: AddressPolicy,
+    /// Admission control (`--max-concurrent-requests`); `None`: off.
+    pub admission: Option<AdmissionOptions>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
-            max_fallbacks: 2,
+            retry: RetryOptions::default(),
             pd: false,
             dp_aware: false,
             request_timeout: Duration::from_secs(1800),
             addresses: AddressPolicy::default(),
+            admission: None,
         }
     }
 }
@@ -118,6 +123,7 @@ pub struct Engine {
     rids: RidSource,
     http: reqwest::Client,
     info_turn: AtomicUsize,
+    gate: Option<Gate>,
 }
 
 impl Engine {
@@ -128,11 +134,16 @@ impl Engine {
         metrics: Arc<Metrics>,
         options: EngineOptions,
     ) -> Result<Self, reqwest::Error> {
+        let gate = options.admission.map(Gate::new);
         Ok(Engine {
-            registry,
             policies,
             tickets: Tickets::default(),
-            prefill: PrefillDispatcher::new(options.request_timeout, metrics.clone())?,
+            prefill: PrefillDispatcher::new(
+                options.request_timeout,
+                metrics.clone(),
+                registry.clone(),
+            )?,
+            registry,
             metrics,
             rids: RidSource::default(),
             http: reqwest::Client::builder()
@@ -140,6 +151,7 @@ impl Engine {
                 .build()?,
             options,
             info_turn: AtomicUsize::new(0),
+            gate,
         })
     }
 
@@ -172,10 +184,58 @@ impl Engine {
         }
     }
 
-    /// Answers one routing question.
+    /// Answers one routing question. With admission control, an inference
+    /// request over the limit is queued (or refused) first, and a slot that
+    /// does not end in a decision is freed at once.
     pub fn route(&self, req: &RouteRequest) -> RouteResponse {
+        let Some(gate) = self
+            .gate
+            .as_ref()
+            .filter(|_| req.ticket != 0 && Route::from_path(&req.path).is_some())
+        else {
+            return self.decide_route(req);
+        };
+        if let Some(answer) = gate.check(req.ticket) {
+            if let Some(route_response::Outcome::Rejection(_)) = &answer.outcome {
+                self.metrics.error("queue_full");
+            }
+            return answer;
+        }
+        let answer = self.decide_route(req);
+        if let Some(route_response::Outcome::Rejection(_)) = &answer.outcome {
+            gate.release(req.ticket);
+        }
+        answer
+    }
+
+    /// Waits until a request `route` queued may be routed (admission control).
+    pub async fn await_admission(&self, ticket: u64) -> AdmissionOutcome {
+        let Some(gate) = &self.gate else {
+            return AdmissionOutcome {
+                admitted: true,
+                rejection: None,
+            };
+        };
+        let outcome = gate.wait(ticket).await;
+        if outcome
+            .rejection
+            .as_ref()
+            .is_some_and(|r| r.http_status == 408)
+        {
+            self.metrics.error("queue_timeout");
+        }
+        outcome
+    }
+
+    /// Requests holding an admission slot and waiting for one.
+    pub fn admission_counts(&self) -> Option<(usize, usize)> {
+        self.gate.as_ref().map(Gate::counts)
+    }
+
+    /// The routing decision proper.
+    fn decide_route(&self, req: &RouteRequest) -> RouteResponse {
         let started = Instant::now();
-        let serving = self.registry.healthy(self.serving_role());
+        let serving = self.registry.available(self.serving_role());
 
         // Model and server info: any healthy worker, no load counted.
         if req.method == "GET" && is_info_path(&req.path) {
@@ -183,7 +243,8 @@ impl Engine {
                 return self.no_workers(self.serving_role());
             }
             let index = self.info_turn.fetch_add(1, Ordering::Relaxed) % serving.len();
-            return self.decide(&serving, index, 0, Vec::new());
+            let plan = retry::plan(&serving, index, &self.options.retry);
+            return self.decide(&plan, 0, Vec::new(), false);
         }
         let Some(route) = Route::from_path(&req.path) else {
             return reject(404, "not_found", "this route is not served by the router");
@@ -202,12 +263,13 @@ impl Engine {
         let Some(worker) = serving.get(selection.index) else {
             return reject(503, "service_unavailable", "no worker could be chosen");
         };
-        self.count(worker, req.ticket, selection.work);
+        let plan = retry::plan(&serving, selection.index, &self.options.retry);
+        self.count(&plan, req.ticket, selection.work);
         self.metrics
             .decided(route.path(), selection.cache, elapsed(started));
         debug!(path = %req.path, worker = %worker.url, cache = ?selection.cache, "routed");
         let inject = fields(pd::dp_fields(worker));
-        self.decide(&serving, selection.index, req.ticket, inject)
+        self.decide(&plan, req.ticket, inject, req.stream)
     }
 
     /// PD mode: chooses a prefill and a decode unit, starts the prefill
@@ -229,7 +291,7 @@ impl Engine {
             Ok(b) => b,
             Err(e) => return reject(400, "invalid_request_error", &e.to_string()),
         };
-        let prefills = self.registry.healthy(Role::Prefill);
+        let prefills = self.registry.available(Role::Prefill);
         if prefills.is_empty() {
             return self.no_workers(Role::Prefill);
         }
@@ -250,7 +312,8 @@ impl Engine {
             Err(e) => return reject(400, "invalid_request_error", &e.to_string()),
         };
         let want_logprobs = pd::wants_input_logprobs(route, &body);
-        self.count(decode, req.ticket, d.work);
+        let plan = retry::plan(decodes, d.index, &self.options.retry);
+        self.count(&plan, req.ticket, d.work);
         self.prefill.dispatch(
             req.ticket,
             PrefillJob {
@@ -269,7 +332,7 @@ impl Engine {
         self.metrics
             .decided(route.path(), p.cache, elapsed(started));
         debug!(path = %req.path, prefill = %prefill.url, decode = %decode.url, "routed PD pair");
-        let mut response = self.decide(decodes, d.index, req.ticket, fields(pd_fields.decode));
+        let mut response = self.decide(&plan, req.ticket, fields(pd_fields.decode), req.stream);
         if let Some(route_response::Outcome::Decision(decision)) = response.outcome.as_mut() {
             decision.await_prefill = true;
             decision.merge_input_logprobs = want_logprobs;
@@ -277,11 +340,19 @@ impl Engine {
         response
     }
 
-    /// Counts a request (and its estimated `work`) on `worker` until
-    /// `ticket` is reported finished.
-    fn count(&self, worker: &Arc<Worker>, ticket: u64, work: u64) {
+    /// Counts a request (and its estimated `work`) on the first unit of
+    /// `plan` until `ticket` is reported finished.
+    fn count(&self, plan: &[Arc<Worker>], ticket: u64, work: u64) {
+        let Some(worker) = plan.first() else {
+            return;
+        };
         worker.start(work);
-        if ticket == 0 || !self.tickets.open(ticket, worker.clone(), work) {
+        let counted = Counted {
+            worker: worker.clone(),
+            work,
+            plan: plan.to_vec(),
+        };
+        if ticket == 0 || !self.tickets.open(ticket, counted) {
             // No ticket to report the end with, or the end came first.
             worker.finish(work);
         }
@@ -297,41 +368,31 @@ impl Engine {
         reject(
             503,
             "service_unavailable",
-            &format!("no healthy {what} available"),
+            &format!("no healthy {what} available (each is unhealthy or its circuit is open)"),
         )
     }
 
-    /// The decision for `units[index]`, plus the least loaded units on other
-    /// servers as fallbacks for Envoy to retry on.
+    /// The decision to try the units of `plan` in order (`retry::plan`: the
+    /// chosen unit, then the ones Envoy retries on).
     fn decide(
         &self,
-        units: &[Arc<Worker>],
-        index: usize,
+        plan: &[Arc<Worker>],
         ticket: u64,
         inject: Vec<BodyField>,
+        stream: bool,
     ) -> RouteResponse {
-        let mut offered = Vec::with_capacity(1 + self.options.max_fallbacks);
-        offered.push(units[index].endpoint);
-        let mut endpoints = Vec::with_capacity(1 + self.options.max_fallbacks);
-        endpoints.push(units[index].endpoint_text.clone());
-        while endpoints.len() <= self.options.max_fallbacks {
-            // Ranks of a server already offered share its endpoint.
-            match least_loaded(units, |i| !offered.contains(&units[i].endpoint)) {
-                Some(i) => {
-                    offered.push(units[i].endpoint);
-                    endpoints.push(units[i].endpoint_text.clone());
-                }
-                None => break,
-            }
-        }
+        let Some(first) = plan.first() else {
+            return reject(503, "service_unavailable", "no worker could be chosen");
+        };
         RouteResponse {
             outcome: Some(route_response::Outcome::Decision(Decision {
                 ticket,
-                endpoints,
-                worker_url: units[index].url.clone(),
+                endpoints: plan.iter().map(|w| w.endpoint_text.clone()).collect(),
+                worker_url: first.url.clone(),
                 inject,
                 await_prefill: false,
                 merge_input_logprobs: false,
+                request_headers: retry::request_headers(plan, stream, &self.options.retry),
             })),
         }
     }
@@ -341,7 +402,7 @@ impl Engine {
         let endpoints = |role: Role| -> Vec<Arc<Worker>> {
             let mut seen = std::collections::HashSet::new();
             self.registry
-                .healthy(role)
+                .available(role)
                 .iter()
                 .filter(|w| seen.insert(w.endpoint))
                 .cloned()
@@ -372,14 +433,24 @@ impl Engine {
     /// Releases a finished request's load. Returns the worker when Envoy had
     /// to fail over away from it, so the caller can check its health.
     pub fn complete(&self, c: &Completion) -> Option<Arc<Worker>> {
+        if let Some(gate) = &self.gate {
+            gate.release(c.ticket);
+        }
         if self.options.pd {
             self.prefill.finish(c.ticket);
         }
-        let (worker, work) = self.tickets.close(c.ticket)?;
-        worker.finish(work);
+        let counted = self.tickets.close(c.ticket)?;
+        let worker = counted.worker;
+        worker.finish(counted.work);
+        for (tried, ok) in retry::outcomes(&counted.plan, c) {
+            self.registry.record_outcome(&tried, ok);
+        }
         let failed_over = !c.upstream_host.is_empty() && c.upstream_host != worker.endpoint_text;
-        self.metrics
-            .finished(c.duration_us as f64 / 1e6, failed_over);
+        self.metrics.finished(
+            c.duration_us as f64 / 1e6,
+            failed_over,
+            c.attempts.saturating_sub(1),
+        );
         if c.client_cancelled {
             self.metrics.error("client_cancelled");
         } else if c.http_status == 0 || c.http_status >= 500 {
@@ -437,6 +508,9 @@ impl Engine {
     /// Releases requests whose end was never reported.
     pub fn reap(&self, timeout: std::time::Duration) -> usize {
         self.prefill.reap(timeout);
+        if let Some(gate) = &self.gate {
+            gate.reap(timeout);
+        }
         self.tickets.reap(timeout)
     }
 
@@ -525,7 +599,14 @@ pub(crate) mod tests {
         let e = engine(3);
         let d = decision(ask(&e, 42));
         assert_eq!(d.ticket, 42);
-        assert_eq!(d.endpoints.len(), 3, "primary plus two fallbacks");
+        // One endpoint per attempt (five by default): the chosen worker,
+        // the two others, then the same again.
+        assert_eq!(d.endpoints.len(), 5);
+        let distinct: std::collections::HashSet<_> = d.endpoints[..3].iter().collect();
+        assert_eq!(distinct.len(), 3);
+        assert_eq!(d.endpoints[3..], d.endpoints[..2]);
+        assert_eq!(d.request_headers[0].name, "x-envoy-max-retries");
+        assert_eq!(d.request_headers[0].value, "4");
         assert!(d.inject.is_empty(), "nothing injected without DP");
         let w = e.registry().get(&d.worker_url).unwrap();
         assert_eq!(w.load(), 1);
@@ -592,8 +673,9 @@ pub(crate) mod tests {
             assert_eq!(d.inject[0].key, "data_parallel_rank");
             let rank: u32 = d.inject[0].json_value.parse().unwrap();
             assert!(d.worker_url.ends_with(&format!("@{rank}")), "{d:?}");
-            assert_eq!(d.endpoints.len(), 2, "one fallback: the other server");
+            // The other server is the fallback, never a sibling rank.
             assert_ne!(d.endpoints[0], d.endpoints[1]);
+            assert_eq!(d.endpoints[2], d.endpoints[0]);
             seen.insert(d.worker_url);
         }
         assert_eq!(

@@ -65,7 +65,7 @@ use sglang_envoy_body::{
     pd::prefill_error_status, too_large, Endpoint, Head, RequestBody, Route, SseMerge,
 };
 use sglang_envoy_proto::{
-    route_response, Completion, Decision, Header, PrefillOutcome, RouteRequest,
+    route_response, AdmissionOutcome, Completion, Decision, Header, PrefillOutcome, RouteRequest,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -109,6 +109,13 @@ const ATTRIBUTES_KEY: &str = "envoy.filters.http.ext_proc";
 
 /// The attribute holding the worker Envoy finally used.
 const UPSTREAM_ADDRESS: &str = "upstream.address";
+
+/// The attribute holding how many attempts Envoy made.
+const ATTEMPT_COUNT: &str = "upstream.request_attempt_count";
+
+/// The attribute saying where the response came from (`via_upstream`, or
+/// why Envoy made it).
+const CODE_DETAILS: &str = "response.code_details";
 
 /// Request tickets: a random 64-bit base plus a counter, so tickets of this
 /// front door and of wasm filters sharing the control plane do not collide.
@@ -216,11 +223,16 @@ enum Next {
     /// PD response headers: held until the prefill has answered (a decode
     /// error: at most [`DECODE_ERROR_GRACE`]).
     HoldForPrefill,
+    /// Admission control queued the request: wait for a slot (keeping
+    /// Envoy waiting too), then route it.
+    AwaitAdmission,
     /// Nothing to answer.
     Nothing,
 }
 
 type PrefillWait = Pin<Box<dyn Future<Output = PrefillOutcome> + Send>>;
+
+type AdmissionWaitFuture = Pin<Box<dyn Future<Output = AdmissionOutcome> + Send>>;
 
 /// One HTTP request passing through Envoy: the state of one ext_proc stream.
 /// Dropping it reports the request's end to the engine.
@@ -233,6 +245,8 @@ struct Exchange {
     budget: Arc<BodyBudget>,
     /// This request's body in the budget, until its worker answers.
     body_hold: Option<BodyHold>,
+    /// The question of a request admission control queued, to ask again.
+    queued: Option<RouteRequest>,
     started: Instant,
     path: String,
     method: String,
@@ -265,6 +279,10 @@ struct Exchange {
     response_done: bool,
     /// `ip:port` Envoy finally sent the request to, when Envoy says.
     upstream_host: String,
+    /// Attempts Envoy made, when Envoy says (0: unknown).
+    attempts: u32,
+    /// Why the response is what it is, when Envoy says.
+    code_details: Option<String>,
 }
 
 impl Exchange {
@@ -282,6 +300,7 @@ impl Exchange {
             max_body_bytes,
             budget,
             body_hold: None,
+            queued: None,
             started: Instant::now(),
             path: String::new(),
             method: String::new(),
@@ -300,6 +319,8 @@ impl Exchange {
             status: 0,
             response_done: false,
             upstream_host: String::new(),
+            attempts: 0,
+            code_details: None,
         }
     }
 
@@ -312,6 +333,7 @@ impl Exchange {
         let mut waiting: Option<PrefillWait> = None;
         let mut grace: Option<Pin<Box<tokio::time::Sleep>>> = None;
         let mut body_due: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        let mut admission: Option<AdmissionWaitFuture> = None;
         loop {
             let reply = tokio::select! {
                 message = inbound.next() => match message {
@@ -329,6 +351,15 @@ impl Exchange {
                         }
                         match next {
                             Next::Reply(reply) => *reply,
+                            Next::AwaitAdmission => {
+                                let (engine, ticket) = (self.engine.clone(), self.ticket.unwrap_or(0));
+                                admission = Some(Box::pin(async move { engine.await_admission(ticket).await }));
+                                // The wait may outlast Envoy's per-message timeout.
+                                extend_timeout(self.engine.options().admission.map_or(
+                                    Duration::from_secs(1),
+                                    |a| a.queue_timeout + Duration::from_secs(1),
+                                ))
+                            }
                             Next::Nothing => continue,
                             Next::HoldForPrefill if self.decode_failed => {
                                 grace = Some(Box::pin(tokio::time::sleep(DECODE_ERROR_GRACE)));
@@ -352,6 +383,10 @@ impl Exchange {
                         Some(reply) => reply,
                         None => continue,
                     }
+                }
+                outcome = wait_for(&mut admission) => {
+                    admission = None;
+                    self.admitted(outcome)
                 }
                 () = sleep_for(&mut body_due) => {
                     body_due = None;
@@ -395,6 +430,12 @@ impl Exchange {
         }
         if let Some(host) = upstream_address(&message.attributes) {
             self.upstream_host = host;
+        }
+        if let Some(n) = attempt_count(&message.attributes) {
+            self.attempts = n;
+        }
+        if let Some(d) = string_attribute(&message.attributes, CODE_DETAILS) {
+            self.code_details = Some(d);
         }
         use processing_request::Request as In;
         match message.request {
@@ -479,6 +520,11 @@ impl Exchange {
                 mutation
                     .set_headers
                     .push(set_header(ENDPOINT_HEADER, &d.endpoints.join(",")));
+                mutation.set_headers.extend(
+                    d.request_headers
+                        .iter()
+                        .map(|h| set_header(&h.name, &h.value)),
+                );
                 debug!(path = %self.path, worker = %d.worker_url, "info request routed");
                 send(ProcessingResponse {
                     response: Some(processing_response::Response::RequestHeaders(
@@ -523,9 +569,42 @@ impl Exchange {
             body: b.body,
             headers: self.headers.clone(),
         };
+        self.ask(question)
+    }
+
+    /// Asks the engine about the request and applies its answer.
+    fn ask(&mut self, question: RouteRequest) -> Next {
         match self.engine.route(&question).outcome {
             Some(route_response::Outcome::Decision(d)) => self.apply(d, &question.body),
+            Some(route_response::Outcome::Queued(_)) => {
+                // Ended while queued, the request's ticket must still be
+                // released: count it from now on.
+                self.ticket = Some(question.ticket);
+                self.queued = Some(question);
+                Next::AwaitAdmission
+            }
             other => self.refuse(other),
+        }
+    }
+
+    /// Admission control answered a queued request.
+    fn admitted(&mut self, outcome: AdmissionOutcome) -> ProcessingResponse {
+        let Some(question) = self.queued.take() else {
+            return self.immediate(500, "internal_error", "lost the queued request");
+        };
+        if !outcome.admitted {
+            let r = outcome.rejection.unwrap_or_default();
+            let status = u16::try_from(r.http_status).unwrap_or(503);
+            return self.immediate(status, &r.error_type, &r.message);
+        }
+        match self.ask(question) {
+            Next::Reply(reply) => *reply,
+            // Admitted tickets are never queued again; anything else is a bug.
+            _ => self.immediate(
+                500,
+                "internal_error",
+                "the admitted request was queued again",
+            ),
         }
     }
 
@@ -539,8 +618,15 @@ impl Exchange {
             return self.local_reply(503, "service_unavailable", "no worker was chosen");
         }
         let endpoints = decision.endpoints.join(",");
+        let mut set_headers = vec![set_header(ENDPOINT_HEADER, &endpoints)];
+        set_headers.extend(
+            decision
+                .request_headers
+                .iter()
+                .map(|h| set_header(&h.name, &h.value)),
+        );
         let mut mutation = HeaderMutation {
-            set_headers: vec![set_header(ENDPOINT_HEADER, &endpoints)],
+            set_headers,
             ..Default::default()
         };
         let mut body_mutation = None;
@@ -708,7 +794,9 @@ impl Exchange {
             Some(route_response::Outcome::Decision(_)) => {
                 self.local_reply(503, "service_unavailable", "no worker was chosen")
             }
-            Some(route_response::Outcome::NeedBody(_)) | None => {
+            Some(route_response::Outcome::NeedBody(_))
+            | Some(route_response::Outcome::Queued(_))
+            | None => {
                 warn!(path = %self.path, "the engine gave no usable answer");
                 self.local_reply(502, "bad_gateway", "the router could not decide")
             }
@@ -772,6 +860,14 @@ impl Drop for Exchange {
             http_status: self.status,
             client_cancelled: !self.response_done,
             upstream_host: std::mem::take(&mut self.upstream_host),
+            attempts: self.attempts,
+            // Ours (a prefill's error, a rejection), or Envoy's about
+            // something other than the worker.
+            local_reply: self.replied_locally
+                || self
+                    .code_details
+                    .as_deref()
+                    .is_some_and(|d| d != "via_upstream" && !d.starts_with("upstream")),
             duration_us: self.started.elapsed().as_micros() as u64,
         };
         debug!(
@@ -792,7 +888,7 @@ impl Drop for Exchange {
 }
 
 /// Resolves with the prefill's outcome, or never when nothing is awaited.
-async fn wait_for(waiting: &mut Option<PrefillWait>) -> PrefillOutcome {
+async fn wait_for<T>(waiting: &mut Option<Pin<Box<dyn Future<Output = T> + Send>>>) -> T {
     match waiting.as_mut() {
         Some(wait) => wait.await,
         None => std::future::pending().await,
@@ -909,11 +1005,26 @@ fn header_list(map: Option<&HeaderMap>) -> Vec<(String, String)> {
 }
 
 /// The `upstream.address` response attribute, when Envoy sent it.
+/// The attempt count Envoy sends with the response (`response_attributes`).
+fn attempt_count(attributes: &std::collections::HashMap<String, Struct>) -> Option<u32> {
+    let value = attributes.get(ATTRIBUTES_KEY)?.fields.get(ATTEMPT_COUNT)?;
+    match &value.kind {
+        Some(value::Kind::NumberValue(n)) if *n >= 0.0 => Some(*n as u32),
+        Some(value::Kind::StringValue(s)) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
 fn upstream_address(attributes: &std::collections::HashMap<String, Struct>) -> Option<String> {
-    let value = attributes
-        .get(ATTRIBUTES_KEY)?
-        .fields
-        .get(UPSTREAM_ADDRESS)?;
+    string_attribute(attributes, UPSTREAM_ADDRESS)
+}
+
+/// A non-empty string attribute Envoy sends with the response.
+fn string_attribute(
+    attributes: &std::collections::HashMap<String, Struct>,
+    name: &str,
+) -> Option<String> {
+    let value = attributes.get(ATTRIBUTES_KEY)?.fields.get(name)?;
     match &value.kind {
         Some(value::Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
         _ => None,
@@ -1065,7 +1176,7 @@ mod tests {
     }
 
     fn metrics(e: &Engine) -> String {
-        e.metrics().render(&e.registry().all())
+        e.metrics().render(&e.registry().all(), None)
     }
 
     #[tokio::test]
@@ -1081,7 +1192,11 @@ mod tests {
         let client_body = r#"{"text":"hello", "temperature": 0.70}"#;
         let r = s.ask(body(client_body)).await;
         let endpoints = set(&r, ENDPOINT_HEADER).unwrap();
-        assert_eq!(endpoints, "127.0.0.1:1,127.0.0.1:2");
+        assert_eq!(
+            endpoints,
+            "127.0.0.1:1,127.0.0.1:2,127.0.0.1:1,127.0.0.1:2,127.0.0.1:1"
+        );
+        assert_eq!(set(&r, "x-envoy-max-retries").as_deref(), Some("4"));
         let Some(body_mutation::Mutation::Body(new_body)) = common(&r)
             .body_mutation
             .as_ref()
@@ -1225,7 +1340,10 @@ mod tests {
                 true,
             )))
             .await;
-        assert_eq!(set(&r, ENDPOINT_HEADER).as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(
+            set(&r, ENDPOINT_HEADER).as_deref(),
+            Some("127.0.0.1:1,127.0.0.1:1,127.0.0.1:1,127.0.0.1:1,127.0.0.1:1")
+        );
         assert_eq!(r.mode_override, Some(nothing_more()));
         s.end(false).await;
         assert_eq!(e.in_flight(), 0);

@@ -13,6 +13,7 @@
 //! the bodies Envoy holds for it within a `body_budget`.
 
 pub mod admin;
+pub mod admission;
 pub mod body_budget;
 pub mod config;
 pub mod engine;
@@ -20,6 +21,7 @@ pub mod ext_proc;
 pub mod metrics;
 pub mod pd;
 pub mod policy;
+pub mod retry;
 pub mod service;
 pub mod tickets;
 pub mod tree;

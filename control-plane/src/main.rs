@@ -58,7 +58,7 @@ async fn main() -> anyhow::Result<()> {
     if args.admin_token.is_none() {
         warn!("no --admin-token: anyone who reaches the admin API can add and remove workers");
     }
-    let registry = Arc::new(Registry::default());
+    let registry = Arc::new(Registry::new(args.circuit_config()));
     let policies = if args.pd_disaggregation {
         let prefill = policy::build(args.prefill_policy(), &args);
         // Its own instance even when of the same kind: the cache-aware trees
@@ -78,7 +78,8 @@ async fn main() -> anyhow::Result<()> {
         policies,
         metrics,
         EngineOptions {
-            max_fallbacks: args.max_fallback_workers,
+            retry: args.retry_options(),
+            admission: args.admission(),
             pd: args.pd_disaggregation,
             dp_aware: args.dp_aware,
             request_timeout: Duration::from_secs(args.request_timeout_secs),
@@ -174,6 +175,7 @@ async fn main() -> anyhow::Result<()> {
         engine.clone(),
         Duration::from_secs(args.eviction_interval_secs),
     ));
+    tokio::spawn(tick_circuits(registry.clone()));
     tokio::spawn(reap(
         engine.clone(),
         Duration::from_secs(args.request_timeout_secs),
@@ -291,6 +293,15 @@ async fn persist_changes(registry: Arc<Registry>, path: std::path::PathBuf) {
                 Err(e) => error!(error = %e, "cannot save the worker state"),
             }
         }
+    }
+}
+
+/// Lets open circuits whose time is up take requests again.
+async fn tick_circuits(registry: Arc<Registry>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        registry.tick_circuits();
     }
 }
 

@@ -11,7 +11,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::policy::CacheOutcome;
-use crate::workers::Worker;
+use crate::workers::{CircuitState, Worker};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
@@ -39,7 +39,11 @@ pub struct Metrics {
     cache_misses: Counter,
     imbalanced: Counter,
     failovers: Counter,
+    retries: Counter,
     worker_load: Family<WorkerLabel, Gauge>,
+    worker_circuit: Family<WorkerLabel, Gauge>,
+    admitted: Gauge,
+    queued: Gauge,
     worker_healthy: Family<WorkerLabel, Gauge>,
     worker_processed: Family<WorkerLabel, Gauge>,
 }
@@ -56,7 +60,11 @@ impl Default for Metrics {
             cache_misses: Counter::default(),
             imbalanced: Counter::default(),
             failovers: Counter::default(),
+            retries: Counter::default(),
             worker_load: Family::default(),
+            worker_circuit: Family::default(),
+            admitted: Gauge::default(),
+            queued: Gauge::default(),
             worker_healthy: Family::default(),
             worker_processed: Family::default(),
             registry: Registry::default(),
@@ -100,6 +108,26 @@ impl Default for Metrics {
             "sgl_router_worker_failovers",
             "Requests Envoy had to send to a fallback worker",
             m.failovers.clone(),
+        );
+        registry.register(
+            "sgl_router_retries",
+            "Attempts Envoy made beyond the first, after a worker failed one",
+            m.retries.clone(),
+        );
+        registry.register(
+            "sgl_router_worker_circuit_state",
+            "Circuit breaker per worker: 0 closed, 1 open, 2 half-open",
+            m.worker_circuit.clone(),
+        );
+        registry.register(
+            "sgl_router_admission_in_flight",
+            "Inference requests holding an admission slot (--max-concurrent-requests)",
+            m.admitted.clone(),
+        );
+        registry.register(
+            "sgl_router_admission_queued",
+            "Inference requests waiting for an admission slot",
+            m.queued.clone(),
         );
         registry.register(
             "sgl_router_worker_load",
@@ -146,18 +174,26 @@ impl Metrics {
             .inc();
     }
 
-    /// A finished request.
-    pub fn finished(&self, seconds: f64, failed_over: bool) {
+    /// A finished request, after `retries` attempts beyond the first.
+    pub fn finished(&self, seconds: f64, failed_over: bool, retries: u32) {
         self.duration.observe(seconds);
         if failed_over {
             self.failovers.inc();
         }
+        if retries > 0 {
+            self.retries.inc_by(u64::from(retries));
+        }
     }
 
-    /// The text exposition, with per-worker gauges read from `workers` now.
-    pub fn render(&self, workers: &[Arc<Worker>]) -> String {
+    /// The text exposition, with per-worker gauges read from `workers` now
+    /// and the admission counts (in flight, queued) when there is a limit.
+    pub fn render(&self, workers: &[Arc<Worker>], admission: Option<(usize, usize)>) -> String {
+        let (admitted, queued) = admission.unwrap_or_default();
+        self.admitted.set(admitted as i64);
+        self.queued.set(queued as i64);
         // Rebuilt per scrape so removed workers disappear.
         self.worker_load.clear();
+        self.worker_circuit.clear();
         self.worker_healthy.clear();
         self.worker_processed.clear();
         for w in workers {
@@ -165,6 +201,12 @@ impl Metrics {
                 worker: w.url.clone(),
             };
             self.worker_load.get_or_create(&label).set(w.load() as i64);
+            let circuit = match w.circuit().state() {
+                CircuitState::Closed => 0,
+                CircuitState::Open => 1,
+                CircuitState::HalfOpen => 2,
+            };
+            self.worker_circuit.get_or_create(&label).set(circuit);
             self.worker_healthy
                 .get_or_create(&label)
                 .set(i64::from(w.is_healthy()));

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use sglang_envoy_proto::router_server::Router;
 use sglang_envoy_proto::{
-    CompleteRequest, CompleteResponse, PrefillOutcome, PrefillWait, RouteRequest, RouteResponse,
-    WorkersRequest, WorkersSnapshot,
+    AdmissionOutcome, AdmissionWait, CompleteRequest, CompleteResponse, PrefillOutcome,
+    PrefillWait, RouteRequest, RouteResponse, WorkersRequest, WorkersSnapshot,
 };
 use tonic::{Request, Response, Status};
 
@@ -53,6 +53,14 @@ impl Router for RouterService {
     ) -> Result<Response<PrefillOutcome>, Status> {
         let ticket = request.get_ref().ticket;
         Ok(Response::new(self.engine.await_prefill(ticket).await))
+    }
+
+    async fn await_admission(
+        &self,
+        request: Request<AdmissionWait>,
+    ) -> Result<Response<AdmissionOutcome>, Status> {
+        let ticket = request.get_ref().ticket;
+        Ok(Response::new(self.engine.await_admission(ticket).await))
     }
 
     async fn workers(

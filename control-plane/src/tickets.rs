@@ -17,14 +17,20 @@ use crate::workers::Worker;
 const TOMBSTONE_TTL: Duration = Duration::from_secs(60);
 
 enum Slot {
-    Open {
-        worker: Arc<Worker>,
-        work: u64,
-        since: Instant,
-    },
-    Ended {
-        at: Instant,
-    },
+    Open { request: Counted, since: Instant },
+    Ended { at: Instant },
+}
+
+/// A request counted as load, as its end must release it.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    /// The unit whose load counts the request.
+    pub worker: Arc<Worker>,
+    /// The estimated work counted with it.
+    pub work: u64,
+    /// The units Envoy may try, one per attempt (`retry::plan`); empty when
+    /// there is nothing to attribute (info requests, tests).
+    pub plan: Vec<Arc<Worker>>,
 }
 
 /// The table of requests in flight.
@@ -34,15 +40,14 @@ pub struct Tickets {
 }
 
 impl Tickets {
-    /// Records that `ticket` counts as load (and `work`) on `worker` (the
-    /// caller has started it there). Returns false when the request had
-    /// already ended; the caller then releases it at once.
-    pub fn open(&self, ticket: u64, worker: Arc<Worker>, work: u64) -> bool {
+    /// Records that `ticket` counts as load (`request.work` too) on
+    /// `request.worker` (the caller has started it there). Returns false when
+    /// the request had already ended; the caller then releases it at once.
+    pub fn open(&self, ticket: u64, request: Counted) -> bool {
         match self.slots.entry(ticket) {
             Entry::Vacant(v) => {
                 v.insert(Slot::Open {
-                    worker,
-                    work,
+                    request,
                     since: Instant::now(),
                 });
                 true
@@ -56,16 +61,11 @@ impl Tickets {
                 // than leak it.
                 Slot::Open { .. } => {
                     let mut o = o;
-                    if let Slot::Open {
-                        worker: old,
-                        work: old_work,
-                        ..
-                    } = o.insert(Slot::Open {
-                        worker,
-                        work,
+                    if let Slot::Open { request: old, .. } = o.insert(Slot::Open {
+                        request,
                         since: Instant::now(),
                     }) {
-                        old.finish(old_work);
+                        old.worker.finish(old.work);
                     }
                     true
                 }
@@ -73,12 +73,12 @@ impl Tickets {
         }
     }
 
-    /// Ends `ticket`; returns the worker (and the work) the caller must release.
-    pub fn close(&self, ticket: u64) -> Option<(Arc<Worker>, u64)> {
+    /// Ends `ticket`; returns the request the caller must release.
+    pub fn close(&self, ticket: u64) -> Option<Counted> {
         match self.slots.entry(ticket) {
             Entry::Occupied(o) => match o.get() {
                 Slot::Open { .. } => match o.remove() {
-                    Slot::Open { worker, work, .. } => Some((worker, work)),
+                    Slot::Open { request, .. } => Some(request),
                     Slot::Ended { .. } => None,
                 },
                 Slot::Ended { .. } => None,
@@ -96,14 +96,10 @@ impl Tickets {
         let now = Instant::now();
         let mut released = 0;
         self.slots.retain(|_, slot| match slot {
-            Slot::Open {
-                worker,
-                work,
-                since,
-            } => {
+            Slot::Open { request, since } => {
                 let keep = now.duration_since(*since) < timeout;
                 if !keep {
-                    worker.finish(*work);
+                    request.worker.finish(request.work);
                     released += 1;
                 }
                 keep
@@ -127,14 +123,22 @@ mod tests {
     use super::*;
     use crate::policy::test_support::workers;
 
+    fn counted(worker: Arc<Worker>, work: u64) -> Counted {
+        Counted {
+            worker,
+            work,
+            plan: Vec::new(),
+        }
+    }
+
     #[test]
     fn open_then_close_returns_worker_once() {
         let t = Tickets::default();
         let w = workers(1).remove(0);
-        assert!(t.open(7, w.clone(), 5));
+        assert!(t.open(7, counted(w.clone(), 5)));
         assert_eq!(t.open_count(), 1);
         assert_eq!(
-            t.close(7).map(|(w, work)| (w.url.clone(), work)),
+            t.close(7).map(|c| (c.worker.url.clone(), c.work)),
             Some((w.url.clone(), 5))
         );
         assert!(t.close(7).is_none());
@@ -146,7 +150,10 @@ mod tests {
         let t = Tickets::default();
         let w = workers(1).remove(0);
         assert!(t.close(9).is_none());
-        assert!(!t.open(9, w, 0), "decision after the end must be refused");
+        assert!(
+            !t.open(9, counted(w, 0)),
+            "decision after the end must be refused"
+        );
         assert_eq!(t.open_count(), 0);
     }
 
@@ -155,7 +162,7 @@ mod tests {
         let t = Tickets::default();
         let w = workers(1).remove(0);
         w.start(40);
-        assert!(t.open(1, w.clone(), 40));
+        assert!(t.open(1, counted(w.clone(), 40)));
         assert_eq!(t.reap(Duration::from_secs(3600)), 0);
         assert_eq!(t.reap(Duration::ZERO), 1);
         assert_eq!((w.load(), w.pending_work()), (0, 0));

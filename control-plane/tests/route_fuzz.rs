@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use sglang_envoy_control_plane::admission::AdmissionOptions;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::policy::{
@@ -18,7 +19,7 @@ use sglang_envoy_control_plane::policy::{
 use sglang_envoy_control_plane::workers::{Registry, Role, WorkerAddress, WorkerSpec};
 use sglang_envoy_proto::{route_response, Completion, RouteRequest};
 
-fn engine(pd: bool, dp: Option<u32>, cost: bool) -> Engine {
+fn engine(pd: bool, dp: Option<u32>, cost: bool, limit: Option<usize>) -> Engine {
     let registry = Arc::new(Registry::default());
     let specs: Vec<WorkerSpec> = if pd {
         vec![
@@ -67,6 +68,11 @@ fn engine(pd: bool, dp: Option<u32>, cost: bool) -> Engine {
         Arc::new(Metrics::default()),
         EngineOptions {
             pd,
+            admission: limit.map(|limit| AdmissionOptions {
+                limit,
+                queue_size: 2,
+                queue_timeout: std::time::Duration::from_millis(1),
+            }),
             ..Default::default()
         },
     )
@@ -103,6 +109,7 @@ proptest! {
         pd in any::<bool>(),
         dp in prop_oneof![Just(None), (1u32..4).prop_map(Some)],
         cost in any::<bool>(),
+        limit in prop_oneof![Just(None), (1usize..3).prop_map(Some)],
         requests in proptest::collection::vec(
             (path(), prop_oneof![Just("POST"), Just("GET"), Just("PUT")], body(),
              proptest::collection::vec(any::<u8>(), 0..48)),
@@ -111,7 +118,7 @@ proptest! {
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            let e = engine(pd, dp, cost);
+            let e = engine(pd, dp, cost, limit);
             for (i, (path, method, body, text)) in requests.into_iter().enumerate() {
                 let ticket = i as u64 + 1;
                 let r = e.route(&RouteRequest {
@@ -138,6 +145,12 @@ proptest! {
                         );
                     }
                     Some(route_response::Outcome::NeedBody(_)) => prop_assert!(pd),
+                    Some(route_response::Outcome::Queued(_)) => {
+                        prop_assert!(limit.is_some());
+                        // The filter waits, and then asks again or gives up.
+                        let outcome = e.await_admission(ticket).await;
+                        prop_assert!(outcome.admitted || outcome.rejection.is_some());
+                    }
                     None => prop_assert!(false, "no outcome"),
                 }
                 e.complete(&Completion { ticket, http_status: 200, ..Default::default() });
@@ -147,6 +160,9 @@ proptest! {
                 prop_assert_eq!(w.pending_work(), 0, "{} still has work", w.url);
             }
             prop_assert_eq!(e.in_flight(), 0);
+            if limit.is_some() {
+                prop_assert_eq!(e.admission_counts(), Some((0, 0)), "admission slots leaked");
+            }
             Ok(())
         })?;
     }

@@ -9,7 +9,7 @@ use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
-use crate::workers::Worker;
+use crate::workers::{Registry, Worker};
 
 /// One prefill request to send.
 #[derive(Debug)]
@@ -34,6 +34,8 @@ pub struct PrefillDispatcher {
     client: reqwest::Client,
     pending: DashMap<u64, Pending>,
     metrics: Arc<Metrics>,
+    /// Where each prefill's outcome goes to its worker's circuit breaker.
+    registry: Arc<Registry>,
 }
 
 struct Pending {
@@ -53,12 +55,18 @@ impl Drop for LoadGuard {
 }
 
 impl PrefillDispatcher {
-    /// A dispatcher whose requests give up after `timeout`.
-    pub fn new(timeout: Duration, metrics: Arc<Metrics>) -> Result<Self, reqwest::Error> {
+    /// A dispatcher whose requests give up after `timeout`, reporting each
+    /// outcome to the prefill worker's circuit in `registry`.
+    pub fn new(
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+        registry: Arc<Registry>,
+    ) -> Result<Self, reqwest::Error> {
         Ok(PrefillDispatcher {
             client: reqwest::Client::builder().timeout(timeout).build()?,
             pending: DashMap::new(),
             metrics,
+            registry,
         })
     }
 
@@ -70,12 +78,18 @@ impl PrefillDispatcher {
         let (tx, rx) = watch::channel(None);
         let client = self.client.clone();
         let metrics = self.metrics.clone();
+        let registry = self.registry.clone();
         let task = tokio::spawn(async move {
             let outcome = send(&client, &job).await;
             if !outcome.ok {
                 metrics.error("prefill_failed");
                 warn!(worker = %job.worker.url, status = outcome.http_status, message = %outcome.message, "prefill failed");
             }
+            // A client error (4xx but 408 and 429) is not the worker's.
+            let status = outcome.http_status;
+            let worker_failed =
+                !outcome.ok && (status == 0 || status >= 500 || status == 408 || status == 429);
+            registry.record_outcome(&job.worker, !worker_failed);
             drop(guard);
             let _ = tx.send(Some(outcome));
         });

@@ -1,11 +1,15 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::sync::watch;
+use tracing::{info, warn};
 
-use crate::workers::{identity, Health, Role, Worker, WorkerAddress, WorkerSpec};
+use crate::workers::{
+    identity, CircuitConfig, CircuitState, Health, Role, Worker, WorkerAddress, WorkerSpec,
+};
 
 /// Why a registry change was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -24,32 +28,40 @@ pub enum RegistryError {
 /// All registered workers (routing units: one per server, or one per DP rank
 /// with `--dp-aware`).
 ///
-/// Routing decisions read immutable snapshots (`healthy(role)`), swapped
+/// Routing decisions read immutable snapshots (`available(role)`), swapped
 /// atomically, so a decision takes no lock however many workers there are;
-/// only the rare changes (add, remove, health flips) take the writer lock and
-/// rebuild the snapshots. Every change bumps a version that EDS watches.
+/// only the rare changes (add, remove, health flips, circuits opening and
+/// closing) take the writer lock and rebuild the snapshots. Every change
+/// bumps a version that EDS watches.
 pub struct Registry {
     workers: Mutex<Vec<Arc<Worker>>>,
     all: ArcSwap<Vec<Arc<Worker>>>,
-    /// Healthy units per role, indexed by [`role_index`].
-    healthy: [ArcSwap<Vec<Arc<Worker>>>; 3],
+    /// Available units per role, indexed by [`role_index`].
+    available: [ArcSwap<Vec<Arc<Worker>>>; 3],
     version: watch::Sender<u64>,
     next_tenant: AtomicU32,
+    circuits: CircuitConfig,
 }
 
 impl Default for Registry {
     fn default() -> Self {
-        Registry {
-            workers: Mutex::new(Vec::new()),
-            all: ArcSwap::from_pointee(Vec::new()),
-            healthy: std::array::from_fn(|_| ArcSwap::from_pointee(Vec::new())),
-            version: watch::Sender::new(1),
-            next_tenant: AtomicU32::new(0),
-        }
+        Registry::new(CircuitConfig::default())
     }
 }
 
 impl Registry {
+    /// An empty registry whose workers' circuits follow `circuits`.
+    pub fn new(circuits: CircuitConfig) -> Self {
+        Registry {
+            workers: Mutex::new(Vec::new()),
+            all: ArcSwap::from_pointee(Vec::new()),
+            available: std::array::from_fn(|_| ArcSwap::from_pointee(Vec::new())),
+            version: watch::Sender::new(1),
+            next_tenant: AtomicU32::new(0),
+            circuits,
+        }
+    }
+
     /// Registers a server (unhealthy until its first good health check):
     /// one unit, or one per DP rank when `dp_size` is given. Returns the units.
     pub fn add(
@@ -133,9 +145,42 @@ impl Registry {
         self.all.load_full()
     }
 
-    /// The units of `role` that may get new requests, in registration order.
-    pub fn healthy(&self, role: Role) -> Arc<Vec<Arc<Worker>>> {
-        self.healthy[role_index(role)].load_full()
+    /// The units of `role` that may get new requests (healthy, circuit not
+    /// open), in registration order.
+    pub fn available(&self, role: Role) -> Arc<Vec<Arc<Worker>>> {
+        self.available[role_index(role)].load_full()
+    }
+
+    /// Records the outcome of one request (or one attempt of it) on
+    /// `worker`'s server, opening or closing its circuit.
+    pub fn record_outcome(&self, worker: &Worker, ok: bool) {
+        let Some(state) = worker.circuit().record(ok, Instant::now(), &self.circuits) else {
+            return;
+        };
+        match state {
+            CircuitState::Open => {
+                warn!(worker = %worker.base_url, "circuit opened: the worker keeps failing requests")
+            }
+            _ => info!(worker = %worker.base_url, state = state.as_str(), "circuit changed"),
+        }
+        self.health_changed();
+    }
+
+    /// Moves open circuits whose time is up to half-open (their workers get
+    /// requests again). Call about once a second.
+    pub fn tick_circuits(&self) {
+        let now = Instant::now();
+        let mut changed = false;
+        let mut seen = std::collections::HashSet::new();
+        for w in self.all.load().iter() {
+            if seen.insert(w.base_url.as_str()) && w.circuit().tick(now, &self.circuits) {
+                info!(worker = %w.base_url, "circuit half-open: the worker gets requests again");
+                changed = true;
+            }
+        }
+        if changed {
+            self.health_changed();
+        }
     }
 
     /// Notified on every change; the value is the registry version.
@@ -146,12 +191,12 @@ impl Registry {
     fn publish(&self, workers: &[Arc<Worker>]) {
         self.all.store(Arc::new(workers.to_vec()));
         for role in [Role::Regular, Role::Prefill, Role::Decode] {
-            let healthy = workers
+            let available = workers
                 .iter()
-                .filter(|w| w.role() == role && w.is_healthy())
+                .filter(|w| w.role() == role && w.is_available())
                 .cloned()
                 .collect();
-            self.healthy[role_index(role)].store(Arc::new(healthy));
+            self.available[role_index(role)].store(Arc::new(available));
         }
         self.version.send_modify(|v| *v += 1);
     }
@@ -193,14 +238,14 @@ mod tests {
         );
         assert_eq!(r.all().len(), 2);
         assert!(
-            r.healthy(Role::Regular).is_empty(),
+            r.available(Role::Regular).is_empty(),
             "new workers start unhealthy"
         );
         r.set_healthy(&a, true);
-        assert_eq!(r.healthy(Role::Regular).len(), 1);
-        assert_eq!(r.healthy(Role::Regular)[0].url, a.url);
+        assert_eq!(r.available(Role::Regular).len(), 1);
+        assert_eq!(r.available(Role::Regular)[0].url, a.url);
         r.remove(&a.url).unwrap();
-        assert!(r.healthy(Role::Regular).is_empty());
+        assert!(r.available(Role::Regular).is_empty());
         assert_eq!(r.all().len(), 1);
         assert!(r.remove(&a.url).is_err());
         assert!(*rx.borrow() >= v0 + 4);
@@ -222,11 +267,11 @@ mod tests {
         let p = r.add(address(2), prefill, None).unwrap();
         r.set_healthy(&units[0], true);
         r.set_healthy(&p[0], true);
-        let healthy = r.healthy(Role::Decode);
+        let healthy = r.available(Role::Decode);
         let ranks: Vec<_> = healthy.iter().map(|w| w.dp_rank).collect();
         assert_eq!(ranks, [Some(0), Some(1), Some(2), Some(3)]);
-        assert_eq!(r.healthy(Role::Prefill).len(), 1);
-        assert!(r.healthy(Role::Regular).is_empty());
+        assert_eq!(r.available(Role::Prefill).len(), 1);
+        assert!(r.available(Role::Regular).is_empty());
         assert_eq!(r.remove("http://127.0.0.1:1").unwrap().len(), 4);
         assert_eq!(r.all().len(), 1);
     }

@@ -3,7 +3,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 
 use crate::tree::TenantId;
-use crate::workers::WorkerAddress;
+use crate::workers::{Circuit, CircuitState, WorkerAddress};
 
 /// What a worker does in the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -55,12 +55,14 @@ impl WorkerSpec {
 }
 
 /// Health of one server, shared by all its DP-rank units: they live in one
-/// process and answer one health endpoint.
+/// process, answer one health endpoint and fail together.
 #[derive(Debug, Default)]
 pub struct Health {
     healthy: AtomicBool,
     failures: AtomicU32,
     successes: AtomicU32,
+    /// Request outcomes, apart from health checks.
+    circuit: Circuit,
 }
 
 /// One routing unit: a registered worker, or with `--dp-aware` one DP rank of
@@ -172,9 +174,20 @@ impl Worker {
         self.processed.load(Ordering::Relaxed)
     }
 
-    /// Whether the worker gets new requests.
+    /// Whether the worker passes its health checks.
     pub fn is_healthy(&self) -> bool {
         self.health.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Whether the worker gets new requests: healthy, and its circuit not
+    /// open.
+    pub fn is_available(&self) -> bool {
+        self.is_healthy() && self.health.circuit.state() != CircuitState::Open
+    }
+
+    /// The server's circuit breaker (shared by its DP-rank units).
+    pub fn circuit(&self) -> &Circuit {
+        &self.health.circuit
     }
 
     /// Records a health check; returns true when the health state changed.
@@ -184,6 +197,8 @@ impl Worker {
             h.failures.store(0, Ordering::Relaxed);
             let n = h.successes.fetch_add(1, Ordering::Relaxed) + 1;
             if !self.is_healthy() && n >= success_threshold {
+                // Back from an outage: a fresh circuit too.
+                h.circuit.reset();
                 return !h.healthy.swap(true, Ordering::Relaxed);
             }
         } else {

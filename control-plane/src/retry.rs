@@ -1,0 +1,225 @@
+//! Retries after failed attempts: what a decision tells Envoy, and what a
+//! finished request tells the circuit breakers.
+//!
+//! Envoy does the retrying (it holds the body, and retries before any byte
+//! reaches the client); the control plane decides where. A decision lists
+//! one endpoint per allowed attempt: the chosen worker, then the least
+//! loaded other servers, then the same sequence again when there are fewer
+//! servers than attempts. The `override_host` load balancer walks that list
+//! in order, one entry per attempt, so when the request ends, its attempt
+//! count says exactly which workers failed it: all but the last tried.
+//!
+//! The route's `retry_policy` (envoy/envoy.yaml) says what is retried: a
+//! refused or reset connection, 408, 429 and 5xx answers, a timeout. The
+//! decision sets how many times (`x-envoy-max-retries`), and, for a stream,
+//! how long the worker may take to start answering
+//! (`x-envoy-upstream-rq-per-try-timeout-ms`): SGLang sends a stream's
+//! headers at once, so a stream that has not started is a stalled worker,
+//! and Envoy moves the request on (the per-try timeout ends once the
+//! answer has started; it never cuts a stream short).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sglang_envoy_proto::{Completion, Header};
+
+use crate::policy::least_loaded;
+use crate::workers::Worker;
+
+/// How requests are retried (the `--retry-*` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryOptions {
+    /// Attempts per request, the first included (`--retry-max-retries`,
+    /// sglang-router's meaning; 1 with `--disable-retries`).
+    pub max_attempts: u32,
+    /// Distinct other servers to try before trying the same ones again
+    /// (`--max-fallback-workers`).
+    pub max_fallbacks: usize,
+    /// How long a streamed answer may take to start before the attempt
+    /// counts as failed (`--stream-start-timeout-secs`; `None`: no bound).
+    pub stream_start_timeout: Option<Duration>,
+}
+
+impl Default for RetryOptions {
+    fn default() -> Self {
+        RetryOptions {
+            max_attempts: 5,
+            max_fallbacks: 2,
+            stream_start_timeout: Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// The units to try, in order, one per attempt: `units[chosen]` first.
+pub fn plan(units: &[Arc<Worker>], chosen: usize, options: &RetryOptions) -> Vec<Arc<Worker>> {
+    let attempts = options.max_attempts.max(1) as usize;
+    let Some(first) = units.get(chosen) else {
+        return Vec::new();
+    };
+    let mut distinct = vec![first.clone()];
+    while distinct.len() <= options.max_fallbacks && distinct.len() < attempts {
+        // Ranks of a server already listed share its endpoint.
+        match least_loaded(units, |i| {
+            !distinct.iter().any(|d| d.endpoint == units[i].endpoint)
+        }) {
+            Some(i) => distinct.push(units[i].clone()),
+            None => break,
+        }
+    }
+    distinct.iter().cycle().take(attempts).cloned().collect()
+}
+
+/// The request headers that make Envoy try `plan` and no further.
+pub fn request_headers(plan: &[Arc<Worker>], stream: bool, options: &RetryOptions) -> Vec<Header> {
+    let mut headers = vec![Header {
+        name: "x-envoy-max-retries".into(),
+        value: plan.len().saturating_sub(1).to_string(),
+    }];
+    if let (true, Some(timeout)) = (stream, options.stream_start_timeout) {
+        headers.push(Header {
+            name: "x-envoy-upstream-rq-per-try-timeout-ms".into(),
+            value: timeout.as_millis().to_string(),
+        });
+    }
+    headers
+}
+
+/// What each attempt of a finished request says about its worker: the
+/// attempts before the last failed; the last one failed when its answer
+/// says the worker did (5xx, 408, 429, or none), and says nothing when the
+/// client left before any answer or the router answered for its own reasons.
+pub fn outcomes(plan: &[Arc<Worker>], c: &Completion) -> Vec<(Arc<Worker>, bool)> {
+    let attempts = (c.attempts.max(1) as usize).min(plan.len());
+    let mut out: Vec<(Arc<Worker>, bool)> = plan
+        .iter()
+        .take(attempts.saturating_sub(1))
+        .map(|w| (w.clone(), false))
+        .collect();
+    let Some(last) = attempts.checked_sub(1).and_then(|i| plan.get(i)) else {
+        return out;
+    };
+    let status = c.http_status;
+    if (c.client_cancelled && status == 0) || c.local_reply {
+        return out;
+    }
+    let failed = status == 0 || status >= 500 || status == 408 || status == 429;
+    out.push((last.clone(), !failed));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::{WorkerAddress, WorkerSpec};
+
+    fn units(ports: &[u16]) -> Vec<Arc<Worker>> {
+        ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let a = WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], *p)));
+                Arc::new(Worker::new(
+                    a,
+                    WorkerSpec::REGULAR,
+                    None,
+                    Arc::default(),
+                    i as u32,
+                ))
+            })
+            .collect()
+    }
+
+    fn ports(plan: &[Arc<Worker>]) -> Vec<u16> {
+        plan.iter().map(|w| w.endpoint.port()).collect()
+    }
+
+    #[test]
+    fn plans_try_distinct_servers_then_cycle() {
+        let u = units(&[1, 2, 3, 4]);
+        u[3].increment_load();
+        let opts = RetryOptions::default();
+        // Chosen first, then the least loaded others (the busy one last).
+        let p = plan(&u, 3, &opts);
+        assert_eq!(p.len(), 5);
+        assert_eq!(p[0].endpoint.port(), 4);
+        let fallbacks: std::collections::HashSet<u16> = ports(&p[1..3]).into_iter().collect();
+        assert_eq!(fallbacks.len(), 2);
+        assert_eq!(
+            ports(&p[3..]),
+            ports(&p[..2]),
+            "then the same sequence again"
+        );
+        let two = units(&[1, 2]);
+        assert_eq!(ports(&plan(&two, 0, &opts)), [1, 2, 1, 2, 1]);
+        let once = RetryOptions {
+            max_attempts: 1,
+            ..opts
+        };
+        assert_eq!(ports(&plan(&u, 1, &once)), [2]);
+        assert!(plan(&u, 9, &opts).is_empty());
+    }
+
+    #[test]
+    fn headers_bound_attempts_and_stream_starts() {
+        let u = units(&[1, 2]);
+        let opts = RetryOptions::default();
+        let p = plan(&u, 0, &opts);
+        let h = request_headers(&p, false, &opts);
+        assert_eq!(
+            (h[0].name.as_str(), h[0].value.as_str()),
+            ("x-envoy-max-retries", "4")
+        );
+        assert_eq!(h.len(), 1);
+        let h = request_headers(&p, true, &opts);
+        assert_eq!(h[1].value, "10000");
+    }
+
+    #[test]
+    fn outcomes_blame_the_attempts_before_the_last() {
+        let u = units(&[1, 2, 3]);
+        let done = |attempts, http_status, client_cancelled| Completion {
+            attempts,
+            http_status,
+            client_cancelled,
+            ..Default::default()
+        };
+        let verdicts = |c: Completion| -> Vec<(u16, bool)> {
+            outcomes(&u, &c)
+                .into_iter()
+                .map(|(w, ok)| (w.endpoint.port(), ok))
+                .collect()
+        };
+        assert_eq!(verdicts(done(1, 200, false)), [(1, true)]);
+        assert_eq!(
+            verdicts(done(3, 200, false)),
+            [(1, false), (2, false), (3, true)]
+        );
+        assert_eq!(verdicts(done(2, 503, false)), [(1, false), (2, false)]);
+        assert_eq!(
+            verdicts(done(1, 404, false)),
+            [(1, true)],
+            "a client error is not the worker's"
+        );
+        assert_eq!(verdicts(done(1, 429, false)), [(1, false)]);
+        assert_eq!(verdicts(done(1, 0, true)), Vec::<(u16, bool)>::new());
+        let prefill_failed = Completion {
+            local_reply: true,
+            ..done(2, 500, false)
+        };
+        assert_eq!(
+            verdicts(prefill_failed),
+            [(1, false)],
+            "the last is not blamed"
+        );
+        assert_eq!(
+            verdicts(done(0, 200, false)),
+            [(1, true)],
+            "unknown counts as one"
+        );
+        assert_eq!(
+            verdicts(done(9, 200, false)).len(),
+            3,
+            "never beyond the plan"
+        );
+    }
+}
