@@ -1,6 +1,6 @@
 //! The sglang-envoy proxy-wasm HTTP filter.
 //!
-//! Per request (see `http.rs`): buffer the JSON body, validate it, ask the
+//! Per request (see `http/`): buffer the JSON body, validate it, ask the
 //! control plane over gRPC which worker to use, splice in the fields the
 //! decision requires, name the worker in the header Envoy's `override_host`
 //! load-balancing policy reads, and resume. When the request ends, its ticket

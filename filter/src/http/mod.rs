@@ -6,17 +6,18 @@ use log::{debug, warn};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use sglang_envoy_body::pd::{
-    as_pairs, pd_fields, prefill_error_status, wants_input_logprobs, Bootstrap,
-};
 use sglang_envoy_body::{
-    merge_first_sse_event, merge_input_logprobs, over_budget, prefill_input_logprobs, too_large,
-    BodyError, Endpoint, Head, Refusal, RequestBody, Route, SseMerge,
+    over_budget, too_large, BodyError, Endpoint, Head, Refusal, RequestBody, Route,
 };
 use sglang_envoy_proto::{
-    route_response, Completion, Decision, Header, PrefillEndpoint, PrefillOutcome, PrefillWait,
-    RouteRequest, RouteResponse, SERVICE_NAME,
+    route_response, Completion, Decision, Header, RouteRequest, RouteResponse, SERVICE_NAME,
 };
+
+mod admission;
+mod local;
+mod prefill;
+
+use prefill::Prefill;
 
 use crate::body_wait::BodyWaits;
 use crate::budget::{Budget, Reservation};
@@ -24,19 +25,6 @@ use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
 use crate::fallback::Fallback;
 use crate::reply::{send_error, send_refusal};
-
-/// Where the prefill half of a PD request stands, as far as this stream knows.
-#[derive(Debug)]
-enum Prefill {
-    /// Not a PD request.
-    None,
-    /// Sent by the control plane; `AwaitPrefill` has not answered.
-    Pending,
-    /// Succeeded; the prefill's input logprobs to merge, if asked for.
-    Done(Option<String>),
-    /// Failed, or no longer matters (the decode answer was an error).
-    Over,
-}
 
 /// What one VM's requests share (built once by the root context).
 #[derive(Clone)]
@@ -93,6 +81,8 @@ pub struct Request {
     sent_body: bool,
     /// The outstanding `AwaitPrefill` call.
     prefill_call: Option<u32>,
+    /// The outstanding `AwaitAdmission` call (admission control queued us).
+    admission_call: Option<u32>,
     /// Outage fallback in PD mode: the prefill request the filter sent itself.
     prefill_http: Option<u32>,
     prefill: Prefill,
@@ -129,6 +119,7 @@ impl Request {
             body_bytes: 0,
             sent_body: false,
             prefill_call: None,
+            admission_call: None,
             prefill_http: None,
             prefill: Prefill::None,
             merge_logprobs: false,
@@ -221,91 +212,6 @@ impl Request {
         }
     }
 
-    /// The control plane did not answer: sends the request to a recently
-    /// healthy worker in turn. The completion is still reported (the
-    /// control plane may have counted the request before it went silent).
-    /// Returns false when there is nothing to fall back on.
-    fn route_locally(&mut self) -> bool {
-        let now = self.get_current_time();
-        let max_age = Duration::from_millis(self.config.fallback_max_age_ms);
-        let Some(choice) = self
-            .fallback
-            .choose(now, max_age, self.config.fallback_retries)
-        else {
-            return false;
-        };
-        if let Some(prefill) = &choice.prefill {
-            if let Err(e) = self.send_prefill_locally(prefill) {
-                warn!("local PD fallback impossible: {e}");
-                return false;
-            }
-        }
-        let endpoints = choice.endpoints.join(",");
-        warn!(
-            "control plane unavailable; {} -> {endpoints} (local fallback)",
-            self.path
-        );
-        self.set_http_request_header(&self.config.endpoint_header, Some(&endpoints));
-        true
-    }
-
-    /// PD mode without the control plane: writes the bootstrap fields into
-    /// both halves itself, sends the prefill half to `prefill` through
-    /// Envoy's prefill cluster, and leaves the decode half in the request.
-    fn send_prefill_locally(&mut self, prefill: &PrefillEndpoint) -> Result<(), String> {
-        let Some(route) = self.route else {
-            return Ok(()); // info GETs need no prefill
-        };
-        let body = self
-            .get_http_request_body(0, self.body_bytes)
-            .unwrap_or_default();
-        let parsed = RequestBody::parse(&body).map_err(|e| e.to_string())?;
-        let bootstrap = Bootstrap {
-            host: &prefill.host,
-            port: u16::try_from(prefill.bootstrap_port)
-                .ok()
-                .filter(|p| *p > 0),
-            prefill_rank: None,
-            decode_rank: None,
-        };
-        let fields = pd_fields(route, &parsed, &bootstrap, || local_rid(route), random_u64);
-        let prefill_body = parsed
-            .with_fields(&as_pairs(&fields.prefill))
-            .map_err(|e| e.to_string())?;
-        let decode_body = parsed
-            .with_fields(&as_pairs(&fields.decode))
-            .map_err(|e| e.to_string())?;
-        let client_headers = self.get_http_request_headers();
-        let mut headers: Vec<(&str, &str)> = vec![
-            (":method", "POST"),
-            (":path", &self.path),
-            (":authority", &prefill.endpoint),
-            ("content-type", "application/json"),
-            (&self.config.endpoint_header, &prefill.endpoint),
-        ];
-        headers.extend(
-            client_headers
-                .iter()
-                .filter(|(name, _)| forwardable(name, &self.config.endpoint_header))
-                .map(|(n, v)| (n.as_str(), v.as_str())),
-        );
-        let token = self
-            .dispatch_http_call(
-                &self.config.prefill_cluster,
-                headers,
-                Some(&prefill_body),
-                vec![],
-                Duration::from_millis(self.config.prefill_timeout_ms),
-            )
-            .map_err(|s| format!("cannot send the prefill: {s:?}"))?;
-        self.prefill_http = Some(token);
-        self.prefill = Prefill::Pending;
-        self.merge_logprobs = wants_input_logprobs(route, &parsed);
-        self.set_http_request_body(0, body.len(), &decode_body);
-        self.set_http_request_header("content-length", Some(&decode_body.len().to_string()));
-        Ok(())
-    }
-
     /// Applies a decision: injected body fields, then the worker endpoints.
     fn apply(&mut self, decision: Decision) {
         if decision.endpoints.is_empty() {
@@ -318,38 +224,16 @@ impl Request {
                 return;
             }
         }
-        if decision.await_prefill {
-            let wait = PrefillWait {
-                ticket: self.ticket,
-            }
-            .encode_to_vec();
-            match self.dispatch_grpc_call(
-                &self.config.control_plane_cluster,
-                SERVICE_NAME,
-                "AwaitPrefill",
-                vec![],
-                Some(&wait),
-                Duration::from_millis(self.config.prefill_timeout_ms),
-            ) {
-                Ok(token) => {
-                    self.prefill_call = Some(token);
-                    self.prefill = Prefill::Pending;
-                    self.merge_logprobs = decision.merge_input_logprobs;
-                }
-                Err(status) => {
-                    warn!("cannot wait for the prefill: {status:?}");
-                    send_error(
-                        self,
-                        503,
-                        "service_unavailable",
-                        "the router's control plane cannot be reached",
-                    );
-                    return;
-                }
-            }
+        if decision.await_prefill && !self.await_prefill(decision.merge_input_logprobs) {
+            return;
         }
         let endpoints = decision.endpoints.join(",");
         self.set_http_request_header(&self.config.endpoint_header, Some(&endpoints));
+        // How many of them Envoy tries, and how long a stream may take to
+        // start (Envoy drops clients' own x-envoy-* headers; ours count).
+        for h in &decision.request_headers {
+            self.set_http_request_header(&h.name, Some(&h.value));
+        }
         debug!("{} -> {} ({endpoints})", self.path, decision.worker_url);
         self.resume();
     }
@@ -360,69 +244,17 @@ impl Request {
         self.resume_http_request();
     }
 
-    /// The prefill's outcome arrived.
-    fn prefill_ended(&mut self, outcome: PrefillOutcome) {
-        if !matches!(self.prefill, Prefill::Pending) {
-            return;
-        }
-        if !outcome.ok {
-            self.prefill = Prefill::Over;
-            let status = prefill_error_status(outcome.http_status);
-            // The decode answer has not gone out (its headers wait for this),
-            // so the client gets the prefill's error; Envoy resets the decode.
-            send_error(self, status, &outcome.error_type, &outcome.message);
-            return;
-        }
-        let logprobs = (self.merge_logprobs && !outcome.input_token_logprobs.is_empty())
-            .then_some(outcome.input_token_logprobs);
-        let merging = logprobs.is_some();
-        self.prefill = Prefill::Done(logprobs);
-        if !self.response_paused {
-            return;
-        }
-        self.prepare_response_for_merge();
-        // Without a merge, or once what arrived so far could be merged, the
-        // answer goes on; else it stays held until the body callbacks can.
-        if !merging || (self.buffered > 0 && self.merge_buffered(self.buffered, self.body_ended)) {
-            self.response_paused = false;
-            self.resume_http_response();
-        }
-    }
-
-    /// Tries to merge the prefill's logprobs into the `size` bytes of answer
-    /// held so far. True when done (merged, or nothing to merge into): the
-    /// answer may go on.
-    fn merge_buffered(&mut self, size: usize, end_of_stream: bool) -> bool {
-        let Prefill::Done(Some(logprobs)) = &self.prefill else {
-            return true;
-        };
-        let logprobs = logprobs.clone();
-        let Some(held) = self.get_http_response_body(0, size) else {
-            warn!("cannot read the held answer to merge prefill logprobs");
-            self.prefill = Prefill::Over;
-            return true;
-        };
-        let merged = if self.response_is_sse {
-            match merge_first_sse_event(&held, &logprobs, end_of_stream) {
-                SseMerge::NeedMore => return false,
-                SseMerge::Done(out) => Some(out),
-            }
-        } else if end_of_stream {
-            merge_input_logprobs(&held, &logprobs)
+    /// The control plane did not answer: route locally, or 503.
+    fn unanswered(&mut self) {
+        if self.route_locally() {
+            self.resume();
         } else {
-            return false;
-        };
-        if let Some(out) = merged {
-            self.set_http_response_body(0, size, &out);
-        }
-        self.prefill = Prefill::Over;
-        true
-    }
-
-    /// A merged body has another length.
-    fn prepare_response_for_merge(&mut self) {
-        if matches!(self.prefill, Prefill::Done(Some(_))) {
-            self.set_http_response_header("content-length", None);
+            send_error(
+                self,
+                503,
+                "service_unavailable",
+                "the router's control plane cannot be reached",
+            );
         }
     }
 
@@ -456,65 +288,21 @@ impl Context for Request {
         body_size: usize,
         _trailers: usize,
     ) {
-        if self.prefill_http != Some(token) {
-            return;
+        if self.prefill_http == Some(token) {
+            self.prefill_http = None;
+            self.local_prefill_answered(body_size);
         }
-        self.prefill_http = None;
-        let status = self
-            .get_http_call_response_header(":status")
-            .and_then(|s| s.parse::<u32>().ok())
-            .unwrap_or(0);
-        let outcome = if (200..300).contains(&status) {
-            let logprobs = if self.merge_logprobs {
-                self.get_http_call_response_body(0, body_size)
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .and_then(|v| prefill_input_logprobs(&v))
-                    .unwrap_or_default()
-            } else {
-                String::new()
-            };
-            PrefillOutcome {
-                ok: true,
-                http_status: status,
-                input_token_logprobs: logprobs,
-                ..Default::default()
-            }
-        } else {
-            PrefillOutcome {
-                http_status: if status == 0 { 502 } else { status },
-                message: format!("prefill worker failed (status {status}) while the control plane was unavailable"),
-                error_type: "prefill_failed".into(),
-                ..Default::default()
-            }
-        };
-        self.prefill_ended(outcome);
     }
 
     fn on_grpc_call_response(&mut self, token: u32, status_code: u32, size: usize) {
+        if self.admission_call == Some(token) {
+            self.admission_call = None;
+            self.admission_ended(status_code, size);
+            return;
+        }
         if self.prefill_call == Some(token) {
             self.prefill_call = None;
-            let outcome = if status_code == 0 {
-                let bytes = self
-                    .get_grpc_call_response_body(0, size)
-                    .unwrap_or_default();
-                PrefillOutcome::decode(bytes.as_slice()).unwrap_or_else(|_| PrefillOutcome {
-                    http_status: 502,
-                    message: "the router's control plane sent an unreadable answer".into(),
-                    error_type: "bad_gateway".into(),
-                    ..Default::default()
-                })
-            } else {
-                // The control plane went away mid-request: whether its
-                // prefill finished is unknown. Let the decode answer through;
-                // if the KV never came, the decode worker's own wait times
-                // out and the client gets that error instead of a hang.
-                warn!("prefill outcome lost (grpc status {status_code}); passing the decode answer on");
-                PrefillOutcome {
-                    ok: true,
-                    ..Default::default()
-                }
-            };
-            self.prefill_ended(outcome);
+            self.prefill_answered(status_code, size);
             return;
         }
         if status_code != 0 {
@@ -522,17 +310,7 @@ impl Context for Request {
                 "control plane answered grpc status {status_code} for {}",
                 self.path
             );
-            if self.route_locally() {
-                self.resume();
-                return;
-            }
-            send_error(
-                self,
-                503,
-                "service_unavailable",
-                &format!("the router's control plane did not answer (grpc status {status_code})"),
-            );
-            return;
+            return self.unanswered();
         }
         let bytes = self
             .get_grpc_call_response_body(0, size)
@@ -543,6 +321,7 @@ impl Context for Request {
                 let status = u16::try_from(r.http_status).unwrap_or(503);
                 send_error(self, status, &r.error_type, &r.message);
             }
+            Ok(Some(route_response::Outcome::Queued(q))) => self.await_admission(q.wait_ms),
             Ok(Some(route_response::Outcome::NeedBody(_))) => {
                 self.send_body.set(true);
                 if self.sent_body || self.body_bytes == 0 {
@@ -716,66 +495,22 @@ impl HttpContext for Request {
             .get_property(vec!["upstream", "address"])
             .and_then(|b| String::from_utf8(b).ok())
             .unwrap_or_default();
+        let attempts = self
+            .get_property(vec!["upstream", "request_attempt_count"])
+            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+            .map_or(0, |b| u64::from_le_bytes(b).min(u64::from(u32::MAX)) as u32);
         self.queue.push(Completion {
             ticket: self.ticket,
             http_status,
             // Unfinished and not reset by the worker: the client hung up.
             client_cancelled: !self.response_done && !details.starts_with("upstream"),
+            // A worker's answer, or Envoy's own reply about the worker
+            // ("upstream_..."), or else one of the router's own.
+            local_reply: !(details == "via_upstream" || details.starts_with("upstream")),
             upstream_host,
             duration_us: self.elapsed_us(),
+            attempts,
         });
-    }
-}
-
-/// Client headers worth passing to the prefill worker (not hop-by-hop,
-/// pseudo, length or routing headers).
-fn forwardable(name: &str, endpoint_header: &str) -> bool {
-    !(name.starts_with(':')
-        || name.starts_with("x-envoy-")
-        || name == endpoint_header
-        || matches!(
-            name,
-            "host"
-                | "content-length"
-                | "content-type"
-                | "transfer-encoding"
-                | "connection"
-                | "keep-alive"
-                | "te"
-                | "upgrade"
-                | "expect"
-        ))
-}
-
-/// A request id in sglang-router's format, with `envoy` where the router's
-/// address would be (the filter does not know it).
-fn local_rid(route: Route) -> String {
-    const ALPHANUMERIC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut bytes = [0u8; 24];
-    fill_random(&mut bytes);
-    let random: String = bytes
-        .iter()
-        .map(|b| ALPHANUMERIC[usize::from(*b) % ALPHANUMERIC.len()] as char)
-        .collect();
-    format!("{}{random}-envoy", route.rid_prefix())
-}
-
-fn random_u64() -> u64 {
-    let mut bytes = [0u8; 8];
-    fill_random(&mut bytes);
-    u64::from_le_bytes(bytes)
-}
-
-fn fill_random(bytes: &mut [u8]) {
-    if getrandom::fill(bytes).is_err() {
-        // No entropy source: the clock still makes collisions unlikely.
-        let nanos = proxy_wasm::hostcalls::get_current_time()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos() as u64);
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = (nanos.rotate_left(i as u32 * 7) >> (i % 8)) as u8;
-        }
     }
 }
 
