@@ -437,10 +437,12 @@ impl Stack {
         format!("{}{path}", self.admin)
     }
 
-    /// POSTs a raw JSON body through Envoy.
+    /// POSTs a raw JSON body through Envoy (a minute at most: a test that
+    /// would hang fails instead).
     pub async fn post(&self, path: &str, body: &str) -> reqwest::Response {
         reqwest::Client::new()
             .post(self.url(path))
+            .timeout(Duration::from_secs(60))
             .header("content-type", "application/json")
             .body(body.to_string())
             .send()

@@ -1029,6 +1029,10 @@ fn envoy_gateway_policies_match_the_template() {
         strings(&retry["retryOn"]["triggers"]).join(","),
         s(&tr["retry_policy"]["retry_on"])
     );
+    assert_eq!(
+        retry["retryOn"]["httpStatusCodes"],
+        tr["retry_policy"]["retriable_status_codes"]
+    );
 
     // Variant A: ext_proc to the control plane's gRPC port, body buffered.
     let ext = yaml_docs("deploy/envoy-gateway/extproc.yaml");

@@ -1,0 +1,157 @@
+//! Admission control (`--max-concurrent-requests`, `--queue-size`,
+//! `--queue-timeout-secs`): over the limit, requests wait in a bounded
+//! queue; a full queue is a JSON 429, a wait past the timeout a JSON 408.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sglang_envoy_e2e::{wait_until, Stack, StackOptions};
+
+/// A `/generate` that takes the worker about `tokens` × its decode time.
+fn slow(tokens: u32) -> String {
+    json!({"text": "x", "sampling_params": {"max_new_tokens": tokens}}).to_string()
+}
+
+async fn limited(limit: u32, queue: u32, timeout_secs: u32) -> Stack {
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        cp_args: vec![
+            "--max-concurrent-requests".into(),
+            limit.to_string(),
+            "--queue-size".into(),
+            queue.to_string(),
+            "--queue-timeout-secs".into(),
+            timeout_secs.to_string(),
+        ],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // 100 ms per token.
+    stack.workers[0]
+        .configure(json!({"decode_us_per_token": 100_000}))
+        .await;
+    stack
+}
+
+/// Sends `n` requests at once; their statuses and OpenAI error types.
+async fn burst(stack: &Stack, n: usize, body: &str) -> Vec<(u16, String)> {
+    let sends: Vec<_> = (0..n)
+        .map(|_| {
+            let url = stack.url("/generate");
+            let body = body.to_string();
+            tokio::spawn(async move {
+                let r = reqwest::Client::new()
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                let v: serde_json::Value = r.json().await.unwrap_or_default();
+                (
+                    status,
+                    v["error"]["type"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for s in sends {
+        out.push(s.await.unwrap());
+    }
+    out.sort();
+    out
+}
+
+async fn admission_idle(stack: &Stack) -> bool {
+    wait_until(Duration::from_secs(5), || async {
+        let m = reqwest::get(format!("{}/metrics", stack.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        m.contains("sgl_router_admission_in_flight 0")
+            && m.contains("sgl_router_admission_queued 0")
+    })
+    .await
+}
+
+#[tokio::test]
+async fn over_the_limit_without_a_queue_is_429() {
+    let stack = limited(2, 0, 60).await;
+    let got = burst(&stack, 8, &slow(5)).await;
+    let ok = got.iter().filter(|(s, _)| *s == 200).count();
+    let refused: Vec<_> = got.iter().filter(|(s, _)| *s == 429).collect();
+    assert_eq!(ok, 2, "{got:?}");
+    assert_eq!(refused.len(), 6, "{got:?}");
+    assert!(refused
+        .iter()
+        .all(|(_, kind)| kind == "rate_limit_exceeded"));
+    assert_eq!(stack.workers[0].served().await, 2);
+    assert!(admission_idle(&stack).await);
+    assert!(stack.wait_loads_zero(Duration::from_secs(5)).await);
+}
+
+#[tokio::test]
+async fn a_queued_request_waits_for_its_slot_or_times_out() {
+    // One in flight (2 s each), one waiting at most 1 s: of four at once,
+    // one is served, one waits and gives up (408), two find the queue full.
+    let stack = limited(1, 1, 1).await;
+    let got = burst(&stack, 4, &slow(20)).await;
+    let statuses: Vec<u16> = got.iter().map(|(s, _)| *s).collect();
+    assert_eq!(statuses, [200, 408, 429, 429], "{got:?}");
+    assert_eq!(got[1].1, "timeout");
+    assert!(admission_idle(&stack).await);
+
+    // With room to wait, everyone is served, one at a time.
+    let stack = limited(1, 8, 30).await;
+    let started = Instant::now();
+    let got = burst(&stack, 4, &slow(5)).await;
+    assert!(got.iter().all(|(s, _)| *s == 200), "{got:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(4 * 500),
+        "the four ran one after another"
+    );
+    assert!(admission_idle(&stack).await);
+    assert!(stack.wait_loads_zero(Duration::from_secs(5)).await);
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_the_queue_frees_its_place() {
+    let stack = limited(1, 1, 30).await;
+    let first = tokio::spawn({
+        let url = stack.url("/generate");
+        async move {
+            reqwest::Client::new()
+                .post(url)
+                .body(slow(20))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Queued behind the first; the client gives up after 300 ms.
+    let gone = reqwest::Client::new()
+        .post(stack.url("/generate"))
+        .timeout(Duration::from_millis(300))
+        .body(slow(1))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the queued request was answered");
+    // Its place in the queue is free again: the next one waits there
+    // (rather than a 429) and is served once the first ends.
+    let next = reqwest::Client::new()
+        .post(stack.url("/generate"))
+        .body(slow(1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(next.status(), 200);
+    assert_eq!(first.await.unwrap().unwrap(), 200);
+    assert!(admission_idle(&stack).await);
+    assert!(stack.wait_loads_zero(Duration::from_secs(5)).await);
+}
