@@ -93,6 +93,10 @@ pub struct EngineOptions {
     pub request_timeout: Duration,
     /// Which addresses may be workers.
     pub addresses: AddressPolicy,
+    /// The control plane's one client for workers (TLS settings of the
+    /// flags, see [`crate::workers::worker_client`]): the PD prefill halves
+    /// and `/get_server_info` go through it.
+    pub worker_client: reqwest::Client,
 }
 
 impl Default for EngineOptions {
@@ -103,6 +107,7 @@ impl Default for EngineOptions {
             dp_aware: false,
             request_timeout: Duration::from_secs(1800),
             addresses: AddressPolicy::default(),
+            worker_client: reqwest::Client::new(),
         }
     }
 }
@@ -116,7 +121,6 @@ pub struct Engine {
     options: EngineOptions,
     prefill: PrefillDispatcher,
     rids: RidSource,
-    http: reqwest::Client,
     info_turn: AtomicUsize,
 }
 
@@ -132,12 +136,13 @@ impl Engine {
             registry,
             policies,
             tickets: Tickets::default(),
-            prefill: PrefillDispatcher::new(options.request_timeout, metrics.clone())?,
+            prefill: PrefillDispatcher::new(
+                options.worker_client.clone(),
+                options.request_timeout,
+                metrics.clone(),
+            ),
             metrics,
             rids: RidSource::default(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()?,
             options,
             info_turn: AtomicUsize::new(0),
         })
@@ -413,9 +418,11 @@ impl Engine {
             return Err(RegistryError::Duplicate(address.url).into());
         }
         let dp_size = if self.options.dp_aware {
-            let size = crate::workers::dp_size(&self.http, &address.url)
+            let size = crate::workers::dp_size(&self.options.worker_client, &address.url)
                 .await
-                .map_err(|e| WorkerChangeError::DpSize(address.url.clone(), e.to_string()))?;
+                .map_err(|e| {
+                    WorkerChangeError::DpSize(address.url.clone(), crate::workers::error_chain(&e))
+                })?;
             Some(size)
         } else {
             None

@@ -2,6 +2,7 @@
 //! healthy, and how many requests each has in flight.
 
 mod address;
+mod client;
 mod discovery;
 mod health;
 pub mod persist;
@@ -9,6 +10,7 @@ mod registry;
 mod worker;
 
 pub use address::{identity, AddressError, AddressPolicy, WorkerAddress};
+pub use client::{error_chain, worker_client, WorkerClientError, WorkerTls};
 pub use discovery::{dp_size, DiscoveryError};
 pub use health::HealthChecker;
 pub use registry::{Registry, RegistryError};
