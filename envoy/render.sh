@@ -17,6 +17,23 @@
 # overridden with ENVOY_TEMPLATE. ADMIN_ROUTES=off drops the routes that
 # expose the control plane's admin API on the client port (the block between
 # `# BEGIN admin-routes` and `# END admin-routes`); default on.
+#
+# TLS to https:// workers, the control plane's flags of the same meaning in
+# brackets (all optional, default empty):
+#   WORKER_CA_CERTS      CA files (PEM), space-separated, that workers'
+#                        certificates are verified with (--ca-cert-paths).
+#                        They and the system's roots (SYSTEM_CA_BUNDLE,
+#                        default /etc/ssl/certs/ca-certificates.crt) are
+#                        written to OUT.worker-ca.pem, the file the template's
+#                        {{WORKER_CA_CERTS}} then names; empty: the system's
+#                        roots alone. With neither, Envoy gets no TLS socket
+#                        for https workers (a warning says so).
+#   WORKER_CLIENT_CERT   client certificate presented to workers (mTLS)
+#                        (--client-cert-path), with WORKER_CLIENT_KEY
+#   WORKER_CLIENT_KEY    (--client-key-path): both or neither. Empty drops
+#                        the block between `# BEGIN worker-client-cert` and
+#                        `# END worker-client-cert`.
+# Relative paths are made absolute, and every file must be readable here.
 set -eu
 
 if [ $# -lt 1 ]; then
@@ -30,17 +47,72 @@ template=${ENVOY_TEMPLATE:-$here/envoy.yaml}
 MAX_BODY_BYTES=${MAX_BODY_BYTES:-33554432}
 MAX_CONNECTIONS=${MAX_CONNECTIONS:-10000}
 FILTER_OPTIONS=${FILTER_OPTIONS:-}
+WORKER_CA_CERTS=${WORKER_CA_CERTS:-}
+WORKER_CLIENT_CERT=${WORKER_CLIENT_CERT:-}
+WORKER_CLIENT_KEY=${WORKER_CLIENT_KEY:-}
+SYSTEM_CA_BUNDLE=${SYSTEM_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+
+# absolute NAME PATH: PATH, readable, as an absolute path (Envoy may run
+# elsewhere than the caller's directory).
+absolute() {
+  if [ ! -r "$2" ] || [ -d "$2" ]; then
+    echo "render.sh: $1: cannot read $2" >&2
+    exit 2
+  fi
+  case $2 in
+    /*) printf '%s\n' "$2" ;;
+    *) printf '%s/%s\n' "$(CDPATH='' cd -- "$(dirname -- "$2")" && pwd)" "$(basename -- "$2")" ;;
+  esac
+}
+
+worker_tls=on
+if [ -n "$WORKER_CA_CERTS" ]; then
+  bundle=$(CDPATH='' cd -- "$(dirname -- "$out")" && pwd)/$(basename -- "$out").worker-ca.pem
+  cas=""
+  for ca in $WORKER_CA_CERTS; do
+    ca=$(absolute WORKER_CA_CERTS "$ca")
+    cas="$cas $ca"
+  done
+  : > "$bundle.tmp.$$"
+  for ca in $cas; do
+    cat "$ca" >> "$bundle.tmp.$$"
+    echo >> "$bundle.tmp.$$"
+  done
+  if [ -r "$SYSTEM_CA_BUNDLE" ]; then cat "$SYSTEM_CA_BUNDLE" >> "$bundle.tmp.$$"; fi
+  mv "$bundle.tmp.$$" "$bundle"
+  WORKER_CA_CERTS=$bundle
+elif [ -r "$SYSTEM_CA_BUNDLE" ]; then
+  WORKER_CA_CERTS=$SYSTEM_CA_BUNDLE
+else
+  echo "render.sh: no CA certificates (WORKER_CA_CERTS is empty and $SYSTEM_CA_BUNDLE is missing): Envoy cannot reach https:// workers" >&2
+  worker_tls=off
+fi
+if [ -n "$WORKER_CLIENT_CERT" ] && [ -n "$WORKER_CLIENT_KEY" ]; then
+  WORKER_CLIENT_CERT=$(absolute WORKER_CLIENT_CERT "$WORKER_CLIENT_CERT")
+  WORKER_CLIENT_KEY=$(absolute WORKER_CLIENT_KEY "$WORKER_CLIENT_KEY")
+  client_cert=on
+elif [ -z "$WORKER_CLIENT_CERT" ] && [ -z "$WORKER_CLIENT_KEY" ]; then
+  client_cert=off
+else
+  echo "render.sh: WORKER_CLIENT_CERT and WORKER_CLIENT_KEY must be set together" >&2
+  exit 2
+fi
 
 # One sed expression per placeholder; values are escaped for sed.
 script=""
 for name in LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST \
     CONTROL_PLANE_GRPC_PORT CONTROL_PLANE_ADMIN_PORT MAX_BODY_BYTES MAX_CONNECTIONS \
-    FILTER_WASM FILTER_OPTIONS; do
+    FILTER_WASM FILTER_OPTIONS WORKER_CA_CERTS WORKER_CLIENT_CERT WORKER_CLIENT_KEY; do
   eval "value=\${$name:-}"
-  if [ -z "$value" ] && [ "$name" != FILTER_OPTIONS ]; then
-    echo "render.sh: $name is not set" >&2
-    exit 2
-  fi
+  case $name in
+    FILTER_OPTIONS | WORKER_CA_CERTS | WORKER_CLIENT_CERT | WORKER_CLIENT_KEY) ;;
+    *)
+      if [ -z "$value" ]; then
+        echo "render.sh: $name is not set" >&2
+        exit 2
+      fi
+      ;;
+  esac
   escaped=$(printf '%s\n' "$value" | sed -e 's/[\\|&]/\\&/g')
   script="${script}s|{{$name}}|$escaped|g
 "
@@ -52,6 +124,14 @@ case "${ADMIN_ROUTES:-on}" in
 " ;;
   *) echo "render.sh: ADMIN_ROUTES must be on or off" >&2; exit 2 ;;
 esac
+if [ "$worker_tls" = off ]; then
+  script="${script}/# BEGIN worker-tls/,/# END worker-tls/d
+"
+fi
+if [ "$client_cert" = off ]; then
+  script="${script}/# BEGIN worker-client-cert/,/# END worker-client-cert/d
+"
+fi
 
 tmp="$out.tmp.$$"
 sed -e "$script" "$template" > "$tmp"

@@ -9,7 +9,8 @@ WASM="$ROOT/target/wasm32-wasip1/release/sglang_envoy_filter.wasm"
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 # Debian packages the build and tests need (python venv, curl for the demo,
-# g++ for libFuzzer, docker-compose for the compose file's test).
+# g++ for libFuzzer, docker-compose for the compose file's test, the CA
+# bundle for TLS to workers).
 ensure_debian_packages() {
   local missing=()
   # Debian's python3 has the venv module but not ensurepip without python3-venv.
@@ -19,6 +20,9 @@ ensure_debian_packages() {
   # libFuzzer (cargo fuzz) is C++; docker-compose validates docker-compose.yml.
   command -v c++ >/dev/null 2>&1 || missing+=(g++)
   command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+  # The system's roots, which the control plane and Envoy verify https://
+  # workers with (envoy/render.sh's default CA bundle).
+  [ -r /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
     local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
@@ -87,6 +91,30 @@ render_envoy_config() {
   LISTEN_HOST="$2" LISTEN_PORT="$3" ENVOY_ADMIN_PORT="$4" CONTROL_PLANE_HOST="$5" \
     CONTROL_PLANE_GRPC_PORT="$6" CONTROL_PLANE_ADMIN_PORT="$7" FILTER_WASM="$WASM" \
     ENVOY_TEMPLATE="$template" sh "$ROOT/envoy/render.sh" "$1"
+}
+
+# worker_tls_from_flags CONTROL_PLANE_FLAGS...: exports the Envoy template's
+# TLS placeholders (envoy/render.sh) from the control plane's TLS flags, so
+# one launch line sets both: --ca-cert-paths A [B...] -> WORKER_CA_CERTS,
+# --client-cert-path -> WORKER_CLIENT_CERT, --client-key-path ->
+# WORKER_CLIENT_KEY (`--flag value` and `--flag=value` alike).
+worker_tls_from_flags() {
+  WORKER_CA_CERTS=""; WORKER_CLIENT_CERT=""; WORKER_CLIENT_KEY=""
+  local in_cas=0
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --ca-cert-paths) in_cas=1 ;;
+      --ca-cert-paths=*) WORKER_CA_CERTS="${WORKER_CA_CERTS:+$WORKER_CA_CERTS }${1#*=}"; in_cas=1 ;;
+      --client-cert-path) in_cas=0; WORKER_CLIENT_CERT="${2:-}"; shift ;;
+      --client-cert-path=*) in_cas=0; WORKER_CLIENT_CERT="${1#*=}" ;;
+      --client-key-path) in_cas=0; WORKER_CLIENT_KEY="${2:-}"; shift ;;
+      --client-key-path=*) in_cas=0; WORKER_CLIENT_KEY="${1#*=}" ;;
+      -*) in_cas=0 ;;
+      *) [ "$in_cas" = 1 ] && WORKER_CA_CERTS="${WORKER_CA_CERTS:+$WORKER_CA_CERTS }$1" ;;
+    esac
+    shift
+  done
+  export WORKER_CA_CERTS WORKER_CLIENT_CERT WORKER_CLIENT_KEY
 }
 
 # wait_http URL SECONDS: until URL answers 2xx.

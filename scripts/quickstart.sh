@@ -3,6 +3,10 @@
 # of SGLang workers. With no --worker-urls, two simulated SGLang workers are
 # started as the demo backend. Any other flag goes to the control plane, e.g.
 #   scripts/quickstart.sh --worker-urls http://10.0.0.5:30001 http://10.0.0.6:30001 --policy round_robin
+# The TLS flags (--ca-cert-paths, --client-cert-path, --client-key-path)
+# configure Envoy's connections to https:// workers as well, e.g.
+#   scripts/quickstart.sh --worker-urls https://10.0.0.5:30001 --ca-cert-paths ca.pem \
+#     --client-cert-path router.pem --client-key-path router.key
 # Ports: clients 30000 (PORT), control plane admin 30010, gRPC 30011,
 # Envoy admin 9901, simulated workers 31001-31002.
 set -euo pipefail
@@ -42,6 +46,8 @@ log "starting the control plane (admin :$CP_ADMIN_PORT, gRPC :$CP_GRPC_PORT)"
 pids+=($!)
 wait_http "http://127.0.0.1:$CP_ADMIN_PORT/health" 60
 
+# Envoy talks TLS to https:// workers with the control plane's certificates.
+worker_tls_from_flags "$@"
 render_envoy_config "$RUN/envoy.yaml" 127.0.0.1 "$PORT" "$ENVOY_ADMIN_PORT" 127.0.0.1 "$CP_GRPC_PORT" "$CP_ADMIN_PORT"
 log "starting Envoy on :$PORT"
 "$VENV/bin/envoy" -c "$RUN/envoy.yaml" --concurrency 2 --log-level warn >"$RUN/envoy.log" 2>&1 &

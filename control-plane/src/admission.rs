@@ -104,7 +104,20 @@ impl Admission {
     /// Waits for `ticket`'s slot (after `Admit::Queued`), at most the queue
     /// timeout. On a timeout the ticket leaves the queue.
     pub async fn wait(&self, ticket: u64, slot: oneshot::Receiver<()>) -> Result<(), NotAdmitted> {
-        match tokio::time::timeout(self.options.queue_timeout, slot).await {
+        // Whoever waits can go away (the filter's call is cancelled when its
+        // client leaves): the place in the queue goes with it, at once.
+        struct Leave<'a>(&'a Admission, u64, bool);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                if !self.2 {
+                    self.0.state.lock().waiting.retain(|(t, _)| *t != self.1);
+                }
+            }
+        }
+        let mut leave = Leave(self, ticket, false);
+        let waited = tokio::time::timeout(self.options.queue_timeout, slot).await;
+        leave.2 = true;
+        match waited {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(NotAdmitted::Gone),
             Err(_) => {

@@ -2,8 +2,11 @@
 //! flag means the same thing, so an operator's launch line carries over.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
+
+use crate::workers::WorkerTls;
 
 /// Routing policy for choosing a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -31,7 +34,7 @@ pub enum PolicyKind {
     about = "Routes SGLang requests for Envoy: worker registry, health checks, loads, cache-aware policies, EDS and admin API"
 )]
 pub struct Args {
-    /// Worker URLs to route to (http://host:port).
+    /// Worker URLs to route to (http://host:port or https://host:port).
     #[arg(long, num_args = 0.., value_delimiter = ' ')]
     pub worker_urls: Vec<String>,
 
@@ -249,10 +252,26 @@ pub struct Args {
     #[arg(long)]
     pub allow_link_local_workers: bool,
 
+    /// Client certificate (PEM) presented to `https://` workers that require
+    /// one (mTLS); needs --client-key-path. Envoy presents the same one
+    /// (`WORKER_CLIENT_CERT` of envoy/render.sh).
+    #[arg(long, value_name = "PATH")]
+    pub client_cert_path: Option<PathBuf>,
+
+    /// Private key (PEM) of --client-cert-path.
+    #[arg(long, value_name = "PATH")]
+    pub client_key_path: Option<PathBuf>,
+
+    /// CA certificates (PEM) that `https://` workers' certificates are
+    /// verified with, on top of the system's roots; several allowed. Envoy
+    /// trusts the same ones (`WORKER_CA_CERTS` of envoy/render.sh).
+    #[arg(long, value_name = "PATH", num_args = 1.., action = ArgAction::Append)]
+    pub ca_cert_paths: Vec<PathBuf>,
+
     /// Keep the worker registry (workers added at run time too) in this JSON
     /// file and restore it at startup.
     #[arg(long)]
-    pub state_file: Option<std::path::PathBuf>,
+    pub state_file: Option<PathBuf>,
 
     /// Log level: trace, debug, info, warn, error.
     #[arg(long, default_value = "info")]
@@ -334,6 +353,12 @@ impl Args {
         {
             return Err("--admin-token must not be empty".into());
         }
+        if self.client_cert_path.is_some() != self.client_key_path.is_some() {
+            // sglang-router's message, word for word.
+            return Err(
+                "Both --client-cert-path and --client-key-path must be specified together".into(),
+            );
+        }
         if self.pd_disaggregation {
             if !self.worker_urls.is_empty() {
                 return Err(
@@ -401,6 +426,15 @@ impl Args {
             open_for: std::time::Duration::from_secs(self.cb_timeout_duration_secs),
             window: std::time::Duration::from_secs(self.cb_window_duration_secs),
             enabled: !self.disable_circuit_breaker,
+        }
+    }
+
+    /// The TLS flags for connections to workers.
+    pub fn worker_tls(&self) -> WorkerTls {
+        WorkerTls {
+            client_cert: self.client_cert_path.clone(),
+            client_key: self.client_key_path.clone(),
+            ca_certs: self.ca_cert_paths.clone(),
         }
     }
 
@@ -507,6 +541,44 @@ mod tests {
         assert!(bad.validate().is_err());
         let no_pd = Args::parse_from(["cp", "--decode", "http://d:1"]);
         assert!(no_pd.validate().is_err());
+    }
+
+    #[test]
+    fn tls_flags_as_sglang_router_takes_them() {
+        let a = Args::try_parse_args([
+            "cp",
+            "--client-cert-path",
+            "c.pem",
+            "--client-key-path",
+            "k.pem",
+            "--ca-cert-paths",
+            "ca1.pem",
+            "ca2.pem",
+            "--worker-urls",
+            "https://w:1",
+        ])
+        .unwrap();
+        assert!(a.validate().is_ok());
+        let tls = a.worker_tls();
+        assert_eq!(tls.client_cert, Some(PathBuf::from("c.pem")));
+        assert_eq!(tls.client_key, Some(PathBuf::from("k.pem")));
+        assert_eq!(
+            tls.ca_certs,
+            [PathBuf::from("ca1.pem"), PathBuf::from("ca2.pem")]
+        );
+        assert_eq!(a.worker_urls, ["https://w:1"]);
+        let repeated = Args::parse_from(["cp", "--ca-cert-paths", "a", "--ca-cert-paths", "b"]);
+        assert_eq!(repeated.worker_tls().ca_certs.len(), 2);
+        for half in [
+            ["cp", "--client-cert-path", "c.pem"],
+            ["cp", "--client-key-path", "k.pem"],
+        ] {
+            let err = Args::parse_from(half).validate().unwrap_err();
+            assert_eq!(
+                err,
+                "Both --client-cert-path and --client-key-path must be specified together"
+            );
+        }
     }
 
     #[test]

@@ -97,6 +97,10 @@ pub struct EngineOptions {
     pub addresses: AddressPolicy,
     /// Admission control (`--max-concurrent-requests`); `None`: off.
     pub admission: Option<AdmissionOptions>,
+    /// The control plane's one client for workers (TLS settings of the
+    /// flags, see [`crate::workers::worker_client`]): the PD prefill halves
+    /// and `/get_server_info` go through it.
+    pub worker_client: reqwest::Client,
 }
 
 impl Default for EngineOptions {
@@ -108,6 +112,7 @@ impl Default for EngineOptions {
             request_timeout: Duration::from_secs(1800),
             addresses: AddressPolicy::default(),
             admission: None,
+            worker_client: reqwest::Client::new(),
         }
     }
 }
@@ -121,7 +126,6 @@ pub struct Engine {
     options: EngineOptions,
     prefill: PrefillDispatcher,
     rids: RidSource,
-    http: reqwest::Client,
     info_turn: AtomicUsize,
     gate: Option<Gate>,
 }
@@ -139,16 +143,14 @@ impl Engine {
             policies,
             tickets: Tickets::default(),
             prefill: PrefillDispatcher::new(
+                options.worker_client.clone(),
                 options.request_timeout,
                 metrics.clone(),
                 registry.clone(),
-            )?,
+            ),
             registry,
             metrics,
             rids: RidSource::default(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()?,
             options,
             info_turn: AtomicUsize::new(0),
             gate,
@@ -484,9 +486,11 @@ impl Engine {
             return Err(RegistryError::Duplicate(address.url).into());
         }
         let dp_size = if self.options.dp_aware {
-            let size = crate::workers::dp_size(&self.http, &address.url)
+            let size = crate::workers::dp_size(&self.options.worker_client, &address.url)
                 .await
-                .map_err(|e| WorkerChangeError::DpSize(address.url.clone(), e.to_string()))?;
+                .map_err(|e| {
+                    WorkerChangeError::DpSize(address.url.clone(), crate::workers::error_chain(&e))
+                })?;
             Some(size)
         } else {
             None

@@ -24,7 +24,7 @@ use sglang_envoy_control_plane::config::Args;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::workers::{
-    persist, AddressPolicy, HealthChecker, Registry, Role, WorkerSpec,
+    persist, worker_client, AddressPolicy, HealthChecker, Registry, Role, WorkerSpec,
 };
 use sglang_envoy_control_plane::{admin, ext_proc, policy, service, xds};
 
@@ -73,6 +73,10 @@ async fn main() -> anyhow::Result<()> {
         Policies::same(policy::build(args.policy, &args))
     };
     let metrics = Arc::new(Metrics::default());
+    // One client for every call to a worker (health checks, discovery, PD
+    // prefill halves), with the TLS flags: bad certificate files stop the
+    // startup here.
+    let worker_client = worker_client(&args.worker_tls()).context("TLS to workers")?;
     let engine = Arc::new(Engine::new(
         registry.clone(),
         policies,
@@ -88,9 +92,10 @@ async fn main() -> anyhow::Result<()> {
                 own_ports: vec![args.admin_port, args.grpc_port],
                 own_host: Some(args.host),
             },
+            worker_client: worker_client.clone(),
         },
     )?);
-    let health = Arc::new(HealthChecker::new(registry.clone(), &args)?);
+    let health = Arc::new(HealthChecker::new(registry.clone(), &args, worker_client));
 
     let mut initial: Vec<(String, WorkerSpec)> = args
         .worker_urls

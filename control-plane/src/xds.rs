@@ -3,11 +3,21 @@
 //! Envoy's `override_host` policy only sends a request to a host that is an
 //! endpoint of the cluster, so every registered worker is published here and
 //! workers added at run time are usable without restarting Envoy.
+//!
+//! An `https://` worker's endpoint carries `tls: true` in its
+//! `envoy.transport_socket_match` metadata: the worker clusters'
+//! `transport_socket_matches` (envoy/envoy.yaml) then open TLS connections
+//! to it, and plain ones to every other endpoint. When its URL names it by a
+//! DNS name, that name is the endpoint's `hostname`, which Envoy sends as SNI
+//! and checks the certificate against (`auto_host_sni`,
+//! `auto_sni_san_validation`).
 
 use std::pin::Pin;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::core::v3::{address, socket_address, Address, SocketAddress};
+use envoy_types::pb::envoy::config::core::v3::{
+    address, socket_address, Address, Metadata, SocketAddress,
+};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
@@ -15,7 +25,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryService;
-use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::google::protobuf::{value, Any, Struct, Value};
 use futures::Stream;
 use prost::Message;
 use tokio::sync::mpsc;
@@ -23,7 +33,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use crate::workers::{Registry, Role};
+use crate::workers::{Registry, Role, Worker};
 
 const CLA_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
@@ -43,6 +53,54 @@ impl Eds {
 /// servers Envoy sends requests to.
 pub const PREFILL_CLUSTER: &str = "sglang_prefill_workers";
 
+/// The endpoint metadata namespace Envoy's `transport_socket_matches` read.
+pub const TRANSPORT_SOCKET_MATCH: &str = "envoy.transport_socket_match";
+
+/// The key, in [`TRANSPORT_SOCKET_MATCH`], that is `true` on `https://`
+/// workers; envoy/envoy.yaml's TLS match is `{ tls: true }`.
+pub const TLS_MATCH_KEY: &str = "tls";
+
+/// One worker server as an Envoy endpoint.
+fn lb_endpoint(w: &Worker) -> LbEndpoint {
+    let metadata = w.tls.then(|| Metadata {
+        filter_metadata: [(
+            TRANSPORT_SOCKET_MATCH.to_string(),
+            Struct {
+                fields: [(
+                    TLS_MATCH_KEY.to_string(),
+                    Value {
+                        kind: Some(value::Kind::BoolValue(true)),
+                    },
+                )]
+                .into(),
+            },
+        )]
+        .into(),
+        ..Default::default()
+    });
+    let hostname = match (w.tls, &w.dns_name) {
+        (true, Some(name)) => name.clone(),
+        _ => String::new(),
+    };
+    LbEndpoint {
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+            address: Some(Address {
+                address: Some(address::Address::SocketAddress(SocketAddress {
+                    address: w.endpoint.ip().to_string(),
+                    port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                        w.endpoint.port(),
+                    ))),
+                    ..Default::default()
+                })),
+            }),
+            hostname,
+            ..Default::default()
+        })),
+        metadata,
+        ..Default::default()
+    }
+}
+
 fn assignment(registry: &Registry, cluster: &str) -> ClusterLoadAssignment {
     let all = registry.all();
     // Envoy sends requests to regular and decode servers; prefill servers only
@@ -53,21 +111,7 @@ fn assignment(registry: &Registry, cluster: &str) -> ClusterLoadAssignment {
     let lb_endpoints = all
         .iter()
         .filter(|w| (w.role() == Role::Prefill) == prefill && seen.insert(w.endpoint))
-        .map(|w| LbEndpoint {
-            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-                address: Some(Address {
-                    address: Some(address::Address::SocketAddress(SocketAddress {
-                        address: w.endpoint.ip().to_string(),
-                        port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
-                            w.endpoint.port(),
-                        ))),
-                        ..Default::default()
-                    })),
-                }),
-                ..Default::default()
-            })),
-            ..Default::default()
-        })
+        .map(|w| lb_endpoint(w))
         .collect();
     ClusterLoadAssignment {
         cluster_name: cluster.to_string(),
@@ -215,5 +259,48 @@ mod tests {
         assert_eq!(ports, [7001, 7002]);
         let prefill = assignment(&r, PREFILL_CLUSTER);
         assert_eq!(prefill.endpoints[0].lb_endpoints.len(), 1);
+    }
+
+    fn tls_of(e: &LbEndpoint) -> Option<&Value> {
+        e.metadata
+            .as_ref()?
+            .filter_metadata
+            .get(TRANSPORT_SOCKET_MATCH)?
+            .fields
+            .get(TLS_MATCH_KEY)
+    }
+
+    fn hostname_of(e: &LbEndpoint) -> &str {
+        match &e.host_identifier {
+            Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => &ep.hostname,
+            _ => "",
+        }
+    }
+
+    #[tokio::test]
+    async fn https_workers_are_marked_for_envoys_tls_match() {
+        let r = Registry::default();
+        for url in [
+            "http://127.0.0.1:7001",
+            "https://127.0.0.1:7002",
+            "https://localhost:7003",
+        ] {
+            let address = WorkerAddress::resolve(url).await.unwrap();
+            r.add(address, WorkerSpec::REGULAR, None).unwrap();
+        }
+        let cla = assignment(&r, "sglang_workers");
+        let eps = &cla.endpoints[0].lb_endpoints;
+        assert_eq!(eps.len(), 3);
+        let tls = Value {
+            kind: Some(value::Kind::BoolValue(true)),
+        };
+        // Plain workers: no metadata, Envoy's default (raw) socket.
+        assert!(eps[0].metadata.is_none());
+        assert_eq!(hostname_of(&eps[0]), "");
+        // TLS by IP: no SNI; TLS by name: the name is SNI.
+        assert_eq!(tls_of(&eps[1]), Some(&tls));
+        assert_eq!(hostname_of(&eps[1]), "");
+        assert_eq!(tls_of(&eps[2]), Some(&tls));
+        assert_eq!(hostname_of(&eps[2]), "localhost");
     }
 }

@@ -47,6 +47,7 @@ mod tests {
                 url: "http://prefill.example:30001".into(),
                 host: "prefill.example".into(),
                 endpoint: "10.0.0.1:30001".parse().unwrap(),
+                tls: false,
             },
             WorkerSpec {
                 role,

@@ -9,7 +9,7 @@ use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
-use crate::workers::{Registry, Worker};
+use crate::workers::{error_chain, Registry, Worker};
 
 /// One prefill request to send.
 #[derive(Debug)]
@@ -32,6 +32,7 @@ pub struct PrefillJob {
 /// the filter asks for it (`AwaitPrefill`), the request ends, or it expires.
 pub struct PrefillDispatcher {
     client: reqwest::Client,
+    timeout: Duration,
     pending: DashMap<u64, Pending>,
     metrics: Arc<Metrics>,
     /// Where each prefill's outcome goes to its worker's circuit breaker.
@@ -55,19 +56,23 @@ impl Drop for LoadGuard {
 }
 
 impl PrefillDispatcher {
-    /// A dispatcher whose requests give up after `timeout`, reporting each
-    /// outcome to the prefill worker's circuit in `registry`.
+    /// A dispatcher sending through `client` (the control plane's one
+    /// client for workers: TLS and the client certificate for `https://`
+    /// prefill servers), whose requests give up after `timeout`, reporting
+    /// each outcome to the prefill worker's circuit in `registry`.
     pub fn new(
+        client: reqwest::Client,
         timeout: Duration,
         metrics: Arc<Metrics>,
         registry: Arc<Registry>,
-    ) -> Result<Self, reqwest::Error> {
-        Ok(PrefillDispatcher {
-            client: reqwest::Client::builder().timeout(timeout).build()?,
+    ) -> Self {
+        PrefillDispatcher {
+            client,
+            timeout,
             pending: DashMap::new(),
             metrics,
             registry,
-        })
+        }
     }
 
     /// Starts the prefill request for `ticket`. Must run inside a tokio
@@ -77,10 +82,11 @@ impl PrefillDispatcher {
         let guard = LoadGuard(job.worker.clone(), job.work);
         let (tx, rx) = watch::channel(None);
         let client = self.client.clone();
+        let timeout = self.timeout;
         let metrics = self.metrics.clone();
         let registry = self.registry.clone();
         let task = tokio::spawn(async move {
-            let outcome = send(&client, &job).await;
+            let outcome = send(&client, timeout, &job).await;
             if !outcome.ok {
                 metrics.error("prefill_failed");
                 warn!(worker = %job.worker.url, status = outcome.http_status, message = %outcome.message, "prefill failed");
@@ -181,9 +187,9 @@ fn forwardable(name: &str) -> bool {
         ))
 }
 
-async fn send(client: &reqwest::Client, job: &PrefillJob) -> PrefillOutcome {
+async fn send(client: &reqwest::Client, timeout: Duration, job: &PrefillJob) -> PrefillOutcome {
     let url = format!("{}{}", job.worker.base_url, job.path);
-    let mut request = client.post(&url);
+    let mut request = client.post(&url).timeout(timeout);
     let mut has_content_type = false;
     for (name, value) in &job.headers {
         let lower = name.to_ascii_lowercase();
@@ -201,7 +207,11 @@ async fn send(client: &reqwest::Client, job: &PrefillJob) -> PrefillOutcome {
         Err(e) => {
             return failure(
                 502,
-                &format!("prefill server {} failed: {e}", job.worker.base_url),
+                &format!(
+                    "prefill server {} failed: {}",
+                    job.worker.base_url,
+                    error_chain(&e)
+                ),
             )
         }
     };

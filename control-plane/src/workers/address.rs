@@ -8,13 +8,13 @@ pub enum AddressError {
     /// Not a URL at all.
     #[error("`{0}` is not a valid URL")]
     Invalid(String),
-    /// Only plain http workers can be reached through Envoy's worker cluster.
-    #[error(
-        "`{0}`: only http:// worker URLs are supported (Envoy's worker cluster speaks plain HTTP)"
-    )]
+    /// Workers speak HTTP, or HTTP over TLS.
+    #[error("`{0}`: a worker URL is http://host:port or https://host:port")]
     Scheme(String),
     /// The port must be written out: guessing 80 hides typos.
-    #[error("`{0}`: a worker URL needs an explicit port, e.g. http://host:30000")]
+    #[error(
+        "`{0}`: a worker URL needs an explicit port, e.g. http://host:30000 or https://host:30000"
+    )]
     NoPort(String),
     /// A worker URL names a server, nothing more.
     #[error("`{0}`: a worker URL is scheme://host:port with no path, query or credentials")]
@@ -108,22 +108,26 @@ pub fn identity(endpoint: SocketAddr) -> (IpAddr, u16) {
 /// once, when the worker is added.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerAddress {
-    /// `http://host:port`, without a trailing slash.
+    /// `http://host:port` or `https://host:port`, without a trailing slash.
     pub url: String,
     /// The host as written in the URL.
     pub host: String,
     /// Where Envoy connects.
     pub endpoint: SocketAddr,
+    /// An `https://` worker: the control plane and Envoy talk TLS to it.
+    pub tls: bool,
 }
 
 impl WorkerAddress {
-    /// Normalises `raw` into `http://host:port` (port 80 when absent).
+    /// Normalises `raw` into `scheme://host:port` (the scheme `http` or
+    /// `https`, the port written out).
     pub fn normalise(raw: &str) -> Result<(String, String, u16), AddressError> {
         if raw.len() > MAX_URL_LEN || raw.chars().any(char::is_control) {
             return Err(AddressError::Invalid(shorten(raw)));
         }
         let url = Url::parse(raw.trim()).map_err(|_| AddressError::Invalid(raw.into()))?;
-        if url.scheme() != "http" {
+        let scheme = url.scheme();
+        if scheme != "http" && scheme != "https" {
             return Err(AddressError::Scheme(raw.into()));
         }
         let host = url
@@ -142,11 +146,13 @@ impl WorkerAddress {
         if !has_explicit_port(raw.trim()) {
             return Err(AddressError::NoPort(raw.into()));
         }
-        let port = url.port_or_known_default().unwrap_or(80);
+        let port = url
+            .port_or_known_default()
+            .ok_or_else(|| AddressError::NoPort(raw.into()))?;
         if port == 0 {
             return Err(AddressError::Invalid(raw.into()));
         }
-        Ok((format!("http://{host}:{port}"), host, port))
+        Ok((format!("{scheme}://{host}:{port}"), host, port))
     }
 
     /// Normalises and resolves `raw`.
@@ -164,10 +170,21 @@ impl WorkerAddress {
             .copied()
             .ok_or_else(|| AddressError::Resolve(raw.into(), "no addresses".into()))?;
         Ok(WorkerAddress {
+            tls: url.starts_with("https://"),
             url,
             host,
             endpoint,
         })
+    }
+
+    /// The host when it is a DNS name, `None` for an IP address: TLS sends
+    /// a name as SNI and checks it against the certificate's DNS names,
+    /// while an IP address is never sent (SNI has no form for it).
+    pub fn dns_name(&self) -> Option<&str> {
+        let bare = self.host.trim_start_matches('[').trim_end_matches(']');
+        bare.parse::<IpAddr>()
+            .is_err()
+            .then_some(self.host.as_str())
     }
 }
 
@@ -182,6 +199,7 @@ impl From<SocketAddr> for WorkerAddress {
             url: format!("http://{endpoint}"),
             host,
             endpoint,
+            tls: false,
         }
     }
 }
@@ -242,12 +260,44 @@ mod tests {
     }
 
     #[test]
+    fn https_workers_keep_their_scheme() {
+        assert_eq!(
+            WorkerAddress::normalise("https://10.0.0.5:30000/").unwrap(),
+            (
+                "https://10.0.0.5:30000".to_string(),
+                "10.0.0.5".to_string(),
+                30000
+            )
+        );
+        assert_eq!(
+            WorkerAddress::normalise("HTTPS://Worker:443").unwrap().0,
+            "https://worker:443"
+        );
+    }
+
+    #[tokio::test]
+    async fn https_workers_are_tls_and_know_their_dns_name() {
+        let named = WorkerAddress::resolve("https://localhost:9").await.unwrap();
+        assert!(named.tls);
+        assert_eq!(named.url, "https://localhost:9");
+        assert_eq!(named.dns_name(), Some("localhost"));
+        let by_ip = WorkerAddress::resolve("https://127.0.0.1:9").await.unwrap();
+        assert!(by_ip.tls);
+        assert_eq!(by_ip.dns_name(), None);
+        let v6 = WorkerAddress::resolve("https://[::1]:9").await.unwrap();
+        assert_eq!(v6.dns_name(), None);
+        let plain = WorkerAddress::resolve("http://localhost:9").await.unwrap();
+        assert!(!plain.tls);
+    }
+
+    #[test]
     fn rejects_garbage() {
         for bad in [
             "",
             "worker:8000",
             "ftp://a:1",
-            "https://a:1",
+            "https://a",
+            "https://a:1/v1",
             "http://a:1/v1",
             "http://u:p@a:1",
             "http://a:1?x=1",

@@ -11,13 +11,18 @@ pub enum DiscoveryError {
     Missing,
 }
 
+/// How long one question to a worker about itself may take.
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The number of data-parallel ranks of the SGLang server at `base_url`,
-/// from `/get_server_info` (newer SGLang also serves `/server_info`).
+/// from `/get_server_info` (newer SGLang also serves `/server_info`), asked
+/// through `client`, the control plane's client for workers.
 pub async fn dp_size(client: &reqwest::Client, base_url: &str) -> Result<u32, DiscoveryError> {
     let mut last = DiscoveryError::Missing;
     for path in ["/get_server_info", "/server_info"] {
         let answer = client
             .get(format!("{base_url}{path}"))
+            .timeout(TIMEOUT)
             .send()
             .await
             .and_then(|r| r.error_for_status());

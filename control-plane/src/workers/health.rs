@@ -4,7 +4,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::config::Args;
-use crate::workers::{Registry, Worker};
+use crate::workers::{error_chain, Registry, Worker};
 
 /// Checks the workers' health endpoint and flips their health state after
 /// the configured number of consecutive failures or successes.
@@ -12,32 +12,43 @@ pub struct HealthChecker {
     registry: Arc<Registry>,
     client: reqwest::Client,
     path: String,
+    timeout: Duration,
     interval: Duration,
     failure_threshold: u32,
     success_threshold: u32,
 }
 
 impl HealthChecker {
-    /// A checker for `registry` with the flags' intervals and thresholds.
-    pub fn new(registry: Arc<Registry>, args: &Args) -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(args.health_check_timeout_secs))
-            .connect_timeout(Duration::from_secs(args.health_check_timeout_secs))
-            .build()?;
-        Ok(HealthChecker {
+    /// A checker for `registry` with the flags' intervals and thresholds,
+    /// checking through `client`, the control plane's one client for
+    /// workers (see [`crate::workers::worker_client`]): an `https://`
+    /// worker is healthy only when its TLS handshake passes too.
+    pub fn new(registry: Arc<Registry>, args: &Args, client: reqwest::Client) -> Self {
+        HealthChecker {
             registry,
             client,
             path: args.health_check_endpoint.clone(),
+            timeout: Duration::from_secs(args.health_check_timeout_secs),
             interval: Duration::from_secs(args.health_check_interval_secs),
             failure_threshold: args.health_failure_threshold,
             success_threshold: args.health_success_threshold,
-        })
+        }
     }
 
     /// One GET of the health endpoint; true on a 2xx answer.
     pub async fn probe(&self, worker: &Worker) -> bool {
+        self.check(worker).await.is_ok()
+    }
+
+    /// One GET of the health endpoint; why it failed otherwise (the TLS
+    /// reason included: unknown CA, missing client certificate...).
+    async fn check(&self, worker: &Worker) -> Result<(), String> {
         let url = format!("{}{}", worker.base_url, self.path);
-        matches!(self.client.get(&url).send().await, Ok(r) if r.status().is_success())
+        match self.client.get(&url).timeout(self.timeout).send().await {
+            Ok(r) if r.status().is_success() => Ok(()),
+            Ok(r) => Err(format!("{} answered {}", self.path, r.status())),
+            Err(e) => Err(error_chain(&e)),
+        }
     }
 
     /// Checks every server once, concurrently (DP-rank units of one server
@@ -47,13 +58,16 @@ impl HealthChecker {
         let mut seen = std::collections::HashSet::new();
         let servers = workers.iter().filter(|w| seen.insert(w.base_url.as_str()));
         let checks = servers.map(|w| async move {
-            let ok = self.probe(w).await;
-            if w.record_check(ok, self.failure_threshold, self.success_threshold) {
+            let result = self.check(w).await;
+            if w.record_check(
+                result.is_ok(),
+                self.failure_threshold,
+                self.success_threshold,
+            ) {
                 self.registry.health_changed();
-                if ok {
-                    info!(worker = %w.base_url, "worker is healthy");
-                } else {
-                    warn!(worker = %w.base_url, "worker is unhealthy");
+                match result {
+                    Ok(()) => info!(worker = %w.base_url, "worker is healthy"),
+                    Err(reason) => warn!(worker = %w.base_url, %reason, "worker is unhealthy"),
                 }
             }
         });
@@ -63,11 +77,16 @@ impl HealthChecker {
     /// A newly added worker: healthy at once if its first check passes (no
     /// reason to wait for the success threshold before its first request).
     pub async fn admit(&self, worker: &Worker) -> bool {
-        let ok = self.probe(worker).await;
-        if ok {
-            self.registry.set_healthy(worker, true);
+        match self.check(worker).await {
+            Ok(()) => {
+                self.registry.set_healthy(worker, true);
+                true
+            }
+            Err(reason) => {
+                warn!(worker = %worker.base_url, %reason, "worker failed its first health check");
+                false
+            }
         }
-        ok
     }
 
     /// Evidence that a worker failed a request (Envoy had to fail over):

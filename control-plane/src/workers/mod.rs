@@ -3,6 +3,7 @@
 
 mod address;
 mod circuit;
+mod client;
 mod discovery;
 mod health;
 pub mod persist;
@@ -11,6 +12,7 @@ mod worker;
 
 pub use address::{identity, AddressError, AddressPolicy, WorkerAddress};
 pub use circuit::{Circuit, CircuitConfig, CircuitState};
+pub use client::{error_chain, worker_client, WorkerClientError, WorkerTls};
 pub use discovery::{dp_size, DiscoveryError};
 pub use health::HealthChecker;
 pub use registry::{Registry, RegistryError};

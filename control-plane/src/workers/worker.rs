@@ -70,13 +70,18 @@ pub struct Health {
 /// approximate radix tree, because each rank has its own KV cache and queue.
 #[derive(Debug)]
 pub struct Worker {
-    /// The unit's name: `http://host:port`, with `@rank` appended for a DP rank
-    /// (sglang-router's convention).
+    /// The unit's name: `http://host:port` (or `https://`), with `@rank`
+    /// appended for a DP rank (sglang-router's convention).
     pub url: String,
-    /// `http://host:port` of the server as registered.
+    /// `http://host:port` (or `https://`) of the server as registered.
     pub base_url: String,
     /// The host of the URL (what PD mode sends as `bootstrap_host`).
     pub host: String,
+    /// An `https://` worker: Envoy and the control plane talk TLS to it.
+    pub tls: bool,
+    /// The URL's host when it is a DNS name (Envoy sends it as SNI and
+    /// checks the certificate against it); `None` for an IP address.
+    pub dns_name: Option<String>,
     /// Where Envoy connects.
     pub endpoint: SocketAddr,
     /// `endpoint` as the `ip:port` text Envoy's override_host reads.
@@ -111,6 +116,8 @@ impl Worker {
         };
         Worker {
             endpoint_text: address.endpoint.to_string(),
+            tls: address.tls,
+            dns_name: address.dns_name().map(str::to_string),
             url,
             base_url: address.url,
             host: address.host,

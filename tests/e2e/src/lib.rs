@@ -9,9 +9,11 @@
 
 mod process;
 mod stack;
+mod tls;
 
 pub use process::{free_port, Proc};
 pub use stack::{venv_python, FrontDoor, PdOptions, SimWorker, Stack, StackOptions, KV_TIMEOUT_MS};
+pub use tls::{envoy_tls_env, WorkerTls};
 
 use std::time::Duration;
 

@@ -6,6 +6,7 @@ use anyhow::{bail, Context};
 use serde_json::Value;
 
 use crate::process::{free_port, Proc};
+use crate::tls::{envoy_tls_env, WorkerTls};
 use crate::wait_until;
 
 static STACKS: AtomicUsize = AtomicUsize::new(0);
@@ -83,6 +84,10 @@ pub struct StackOptions {
     pub filter_options: String,
     /// Envoy's limit on client connections (`MAX_CONNECTIONS`).
     pub max_connections: Option<usize>,
+    /// The simulated workers (regular, prefill and decode) serve HTTPS with
+    /// these files and are registered as `https://`. The control plane's
+    /// TLS flags are `cp_args`; Envoy gets the same ones.
+    pub worker_tls: Option<WorkerTls>,
 }
 
 /// A PD fleet of simulated workers.
@@ -134,25 +139,45 @@ impl Default for StackOptions {
             admin_routes: true,
             filter_options: String::new(),
             max_connections: None,
+            worker_tls: None,
         }
     }
 }
 
 /// One simulated SGLang worker process.
 pub struct SimWorker {
-    /// `http://127.0.0.1:port`
+    /// `http://127.0.0.1:port` (`https://` for a TLS worker)
     pub url: String,
     /// PD prefill workers: the port serving the KV cache to decode workers.
     pub bootstrap_port: Option<u16>,
+    /// Reaches the worker directly (trusting a TLS worker's CA, with the
+    /// client certificate it may require).
+    client: reqwest::Client,
     proc: Proc,
 }
 
 impl SimWorker {
     /// Starts a simulated worker and waits for its `/health`.
     pub async fn start(dir: &Path, args: &[String]) -> anyhow::Result<SimWorker> {
+        SimWorker::start_with(dir, args, None).await
+    }
+
+    /// [`SimWorker::start`], serving HTTPS with `tls` when given.
+    pub async fn start_with(
+        dir: &Path,
+        args: &[String],
+        tls: Option<&WorkerTls>,
+    ) -> anyhow::Result<SimWorker> {
         let port = free_port();
         let mut all = vec!["--port".to_string(), port.to_string()];
         all.extend_from_slice(args);
+        let (scheme, client) = match tls {
+            Some(tls) => {
+                all.extend(tls.worker_args());
+                ("https", tls.client()?)
+            }
+            None => ("http", reqwest::Client::new()),
+        };
         let proc = Proc::spawn(
             &format!("worker-{port}"),
             &release_bin("sglang-sim-worker"),
@@ -160,12 +185,13 @@ impl SimWorker {
             dir,
         )?;
         let w = SimWorker {
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("{scheme}://127.0.0.1:{port}"),
             bootstrap_port: None,
+            client,
             proc,
         };
         let health = format!("{}/health", w.url);
-        if !wait_until(Duration::from_secs(20), || ok(&health)).await {
+        if !wait_until(Duration::from_secs(20), || ok_with(&w.client, &health)).await {
             bail!("simulated worker {} did not become healthy", w.url);
         }
         Ok(w)
@@ -180,6 +206,18 @@ impl SimWorker {
         bootstrap_port: u16,
         args: &[String],
     ) -> anyhow::Result<SimWorker> {
+        SimWorker::start_pd_with(dir, mode, bootstrap_port, args, None).await
+    }
+
+    /// [`SimWorker::start_pd`], serving HTTPS with `tls` when given (the
+    /// bootstrap port stays plain HTTP).
+    pub async fn start_pd_with(
+        dir: &Path,
+        mode: &str,
+        bootstrap_port: u16,
+        args: &[String],
+        tls: Option<&WorkerTls>,
+    ) -> anyhow::Result<SimWorker> {
         let mut all = vec![
             "--disaggregation-mode".to_string(),
             mode.to_string(),
@@ -189,7 +227,7 @@ impl SimWorker {
             KV_TIMEOUT_MS.to_string(),
         ];
         all.extend_from_slice(args);
-        let mut w = SimWorker::start(dir, &all).await?;
+        let mut w = SimWorker::start_with(dir, &all, tls).await?;
         if mode == "prefill" {
             w.bootstrap_port = Some(bootstrap_port);
         }
@@ -198,14 +236,14 @@ impl SimWorker {
 
     /// The simulator's counters (`/_sim/stats`).
     pub async fn stats(&self) -> Value {
-        get_json(&format!("{}/_sim/stats", self.url))
+        get_json_with(&self.client, &format!("{}/_sim/stats", self.url))
             .await
             .unwrap_or_default()
     }
 
     /// Requests the worker received (see the simulator's `/_sim/requests`).
     pub async fn requests(&self) -> Vec<Value> {
-        get_json(&format!("{}/_sim/requests", self.url))
+        get_json_with(&self.client, &format!("{}/_sim/requests", self.url))
             .await
             .and_then(|v| v.as_array().cloned())
             .unwrap_or_default()
@@ -213,7 +251,7 @@ impl SimWorker {
 
     /// Inference requests the worker received.
     pub async fn served(&self) -> u64 {
-        get_json(&format!("{}/_sim/stats", self.url))
+        get_json_with(&self.client, &format!("{}/_sim/stats", self.url))
             .await
             .and_then(|v| v["requests_total"].as_u64())
             .unwrap_or(0)
@@ -221,7 +259,8 @@ impl SimWorker {
 
     /// Changes the simulator's switches (`fail_status`, `stall`, `healthy`...).
     pub async fn configure(&self, config: Value) {
-        let _ = reqwest::Client::new()
+        let _ = self
+            .client
             .post(format!("{}/_sim/config", self.url))
             .json(&config)
             .send()
@@ -257,11 +296,19 @@ pub struct Stack {
 }
 
 async fn ok(url: &str) -> bool {
-    matches!(reqwest::get(url).await, Ok(r) if r.status().is_success())
+    ok_with(&reqwest::Client::new(), url).await
+}
+
+async fn ok_with(client: &reqwest::Client, url: &str) -> bool {
+    matches!(client.get(url).send().await, Ok(r) if r.status().is_success())
 }
 
 async fn get_json(url: &str) -> Option<Value> {
-    reqwest::get(url).await.ok()?.json().await.ok()
+    get_json_with(&reqwest::Client::new(), url).await
+}
+
+async fn get_json_with(client: &reqwest::Client, url: &str) -> Option<Value> {
+    client.get(url).send().await.ok()?.json().await.ok()
 }
 
 impl Stack {
@@ -279,7 +326,14 @@ impl Stack {
             for _ in 0..pd.prefills {
                 let mut args = opts.worker_args.clone();
                 args.extend(pd.prefill_args.iter().cloned());
-                let w = SimWorker::start_pd(&dir, "prefill", free_port(), &args).await?;
+                let w = SimWorker::start_pd_with(
+                    &dir,
+                    "prefill",
+                    free_port(),
+                    &args,
+                    opts.worker_tls.as_ref(),
+                )
+                .await?;
                 pd_args.push("--prefill".into());
                 pd_args.push(w.url.clone());
                 pd_args.push(match (pd.bootstrap_none, w.bootstrap_port) {
@@ -295,14 +349,24 @@ impl Stack {
             for _ in 0..pd.decodes {
                 let mut args = opts.worker_args.clone();
                 args.extend(pd.decode_args.iter().cloned());
-                let w = SimWorker::start_pd(&dir, "decode", default_port, &args).await?;
+                let w = SimWorker::start_pd_with(
+                    &dir,
+                    "decode",
+                    default_port,
+                    &args,
+                    opts.worker_tls.as_ref(),
+                )
+                .await?;
                 pd_args.push("--decode".into());
                 pd_args.push(w.url.clone());
                 decodes.push(w);
             }
         } else {
             for _ in 0..opts.workers {
-                workers.push(SimWorker::start(&dir, &opts.worker_args).await?);
+                workers.push(
+                    SimWorker::start_with(&dir, &opts.worker_args, opts.worker_tls.as_ref())
+                        .await?,
+                );
             }
         }
 
@@ -363,6 +427,8 @@ impl Stack {
                 "MAX_CONNECTIONS",
                 opts.max_connections.unwrap_or(10_000).to_string(),
             )
+            // Envoy trusts and presents what the control plane does.
+            .envs(envoy_tls_env(&opts.cp_args))
             .output()
             .context("running envoy/render.sh")?;
         if !rendered.status.success() {

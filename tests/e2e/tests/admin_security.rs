@@ -159,7 +159,8 @@ async fn garbage_forbidden_and_duplicate_worker_urls_are_400() {
     let bad = [
         "not a url".to_string(),
         "ftp://127.0.0.1:21".into(),
-        "https://127.0.0.1:443".into(),
+        // https:// workers are accepted, but not without a port.
+        "https://127.0.0.1".into(),
         "http://127.0.0.1".into(),
         "http://127.0.0.1:1/v1/chat".into(),
         "http://user:pw@127.0.0.1:1".into(),
@@ -180,6 +181,8 @@ async fn garbage_forbidden_and_duplicate_worker_urls_are_400() {
         format!("http://localhost:{port}"),
         format!("http://[::1]:{port}"),
         format!("http://[::ffff:127.0.0.1]:{port}"),
+        // ...and whatever the scheme: one server, one worker.
+        format!("https://127.0.0.1:{port}"),
     ];
     for bad in &bad {
         let r = client

@@ -142,8 +142,20 @@ async fn a_client_that_leaves_the_queue_frees_its_place() {
         .send()
         .await;
     assert!(gone.is_err(), "the queued request was answered");
-    // Its place in the queue is free again: the next one waits there
-    // (rather than a 429) and is served once the first ends.
+    // Its place in the queue is free again at once...
+    let freed = wait_until(Duration::from_secs(1), || async {
+        let m = reqwest::get(format!("{}/metrics", stack.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        m.contains("sgl_router_admission_queued 0")
+    })
+    .await;
+    assert!(freed, "the gone request kept its place in the queue");
+    // ...so the next one waits there (rather than a 429) and is served
+    // once the first ends.
     let next = reqwest::Client::new()
         .post(stack.url("/generate"))
         .body(slow(1))

@@ -829,7 +829,16 @@ fn envoy_routes_to_workers_exactly_the_paths_the_filter_serves() {
             "ENVOY_TEMPLATE".into(),
             root().join(template).display().to_string(),
         );
-        env.insert("FILTER_OPTIONS".into(), String::new());
+        // The optional ones: empty (the TLS files must exist; see
+        // deploy_tls.rs for those).
+        for optional in [
+            "FILTER_OPTIONS",
+            "WORKER_CA_CERTS",
+            "WORKER_CLIENT_CERT",
+            "WORKER_CLIENT_KEY",
+        ] {
+            env.insert(optional.into(), String::new());
+        }
         let t: Value = serde_yaml::from_str(&render(&env, "routes")).expect("YAML");
         let routes = hcm(&t)["route_config"]["virtual_hosts"][0]["routes"]
             .as_sequence()

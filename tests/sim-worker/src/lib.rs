@@ -18,6 +18,7 @@ mod request;
 mod sse;
 mod state;
 mod stats;
+mod tls;
 mod tokens;
 
 use axum::extract::DefaultBodyLimit;
@@ -30,6 +31,7 @@ use tokio::net::TcpListener;
 
 pub use disagg::{DisaggregationMode, UnknownMode};
 pub use state::{AppState, SimConfig};
+pub use tls::{server_config, TlsError, TlsFiles, TlsListener};
 
 /// The worker's routes over `state`.
 pub fn router(state: AppState) -> Router {
@@ -90,16 +92,47 @@ pub async fn serve(config: SimConfig, listener: TcpListener) -> std::io::Result<
 /// [`serve`] with the bootstrap listener already bound (by
 /// [`bind_bootstrap`]).
 pub async fn serve_with_bootstrap(
+    config: SimConfig,
+    listener: TcpListener,
+    bootstrap: Option<TcpListener>,
+) -> std::io::Result<()> {
+    serve_tls_with_bootstrap(config, listener, bootstrap, None).await
+}
+
+/// [`serve_with_bootstrap`], speaking HTTPS on `listener` when `tls` is
+/// given (see [`server_config`]); the bootstrap server stays plain HTTP.
+pub async fn serve_tls_with_bootstrap(
     mut config: SimConfig,
     listener: TcpListener,
     bootstrap: Option<TcpListener>,
+    tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
 ) -> std::io::Result<()> {
     config.port = listener.local_addr()?.port();
     if let Some(b) = &bootstrap {
         config.disaggregation_bootstrap_port = b.local_addr()?.port();
     }
-    tracing::info!(?config, "simulated SGLang worker starting");
+    tracing::info!(
+        ?config,
+        tls = tls.is_some(),
+        "simulated SGLang worker starting"
+    );
     let state = AppState::new(config);
+    match tls {
+        None => run(listener, state, bootstrap).await,
+        Some(tls) => {
+            let listener = TlsListener::new(listener, tls, state.stats.clone())?;
+            run(listener, state, bootstrap).await
+        }
+    }
+}
+
+/// Serves the worker's routes on `listener` and, for a prefill worker, the
+/// bootstrap server on `bootstrap`, until either fails.
+async fn run<L>(listener: L, state: AppState, bootstrap: Option<TcpListener>) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let main = axum::serve(listener, router(state.clone()));
     match bootstrap {
         None => main.await,

@@ -2,7 +2,10 @@
 
 use anyhow::Context;
 use clap::Parser;
-use sglang_sim_worker::{bind_bootstrap, serve_with_bootstrap, DisaggregationMode, SimConfig};
+use sglang_sim_worker::{
+    bind_bootstrap, serve_tls_with_bootstrap, server_config, DisaggregationMode, SimConfig,
+    TlsFiles,
+};
 use tracing_subscriber::EnvFilter;
 
 /// A simulated SGLang server (GPU inference worker) for tests, benchmarks
@@ -51,6 +54,16 @@ struct Cli {
     /// for the KV to be published, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     disaggregation_timeout_ms: u64,
+    /// Serve HTTPS with this certificate chain (PEM), like an SGLang server
+    /// behind TLS; needs --tls-key. The bootstrap server stays plain HTTP.
+    #[arg(long, value_name = "PATH", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Require client certificates signed by this CA (PEM): mTLS.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    tls_client_ca: Option<std::path::PathBuf>,
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `debug`.
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -67,7 +80,19 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}:{}", cli.host, cli.port))?;
     let port = listener.local_addr()?.port();
-    println!("sglang-sim-worker listening on http://{}:{port}", cli.host);
+    let tls = match (&cli.tls_cert, &cli.tls_key) {
+        (Some(cert), Some(key)) => Some(server_config(&TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: cli.tls_client_ca.clone(),
+        })?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!(
+        "sglang-sim-worker listening on {scheme}://{}:{port}",
+        cli.host
+    );
 
     let mut config = SimConfig {
         host: cli.host,
@@ -96,7 +121,7 @@ async fn main() -> anyhow::Result<()> {
             config.host, config.disaggregation_bootstrap_port
         );
     }
-    serve_with_bootstrap(config, listener, bootstrap)
+    serve_tls_with_bootstrap(config, listener, bootstrap, tls)
         .await
         .context("server failed")
 }

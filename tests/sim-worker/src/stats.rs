@@ -20,6 +20,9 @@ pub struct Stats {
     kv_fetched: AtomicU64,
     kv_failed: AtomicU64,
     kv_fetched_by_rank: Vec<AtomicU64>,
+    /// Completed TLS handshakes by the SNI the client sent (`""`: none).
+    tls_handshakes: Mutex<BTreeMap<String, u64>>,
+    tls_handshake_failures: AtomicU64,
 }
 
 /// What happened to one KV handoff of a disaggregated sequence.
@@ -52,7 +55,24 @@ impl Stats {
             kv_fetched: AtomicU64::new(0),
             kv_failed: AtomicU64::new(0),
             kv_fetched_by_rank: (0..dp_size).map(|_| AtomicU64::new(0)).collect(),
+            tls_handshakes: Mutex::new(BTreeMap::new()),
+            tls_handshake_failures: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a completed TLS handshake whose client sent `sni`.
+    pub fn tls_handshake(&self, sni: Option<&str>) {
+        *self
+            .tls_handshakes
+            .lock()
+            .entry(sni.unwrap_or_default().to_string())
+            .or_default() += 1;
+    }
+
+    /// Counts a failed TLS handshake (e.g. no client certificate where one
+    /// is required, or a client that does not trust the worker).
+    pub fn tls_handshake_failed(&self) {
+        self.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a KV handoff event.
@@ -110,6 +130,8 @@ impl Stats {
             "kv_failed": self.kv_failed.load(Ordering::Relaxed),
             "kv_fetched_by_rank": load(&self.kv_fetched_by_rank),
             "kv_rooms_open": kv_rooms_open,
+            "tls_handshakes": self.tls_handshakes.lock().clone(),
+            "tls_handshake_failures": self.tls_handshake_failures.load(Ordering::Relaxed),
         })
     }
 }
