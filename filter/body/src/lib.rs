@@ -14,6 +14,7 @@ mod parse;
 pub mod pd;
 mod route;
 mod text;
+pub mod wire;
 
 pub use error::BodyError;
 pub use logprobs::{merge_first_sse_event, merge_input_logprobs, prefill_input_logprobs, SseMerge};
@@ -21,3 +22,4 @@ pub use openai_error::openai_error_json;
 pub use parse::{RequestBody, MAX_DEPTH, MAX_FIELDS};
 pub use route::{is_info_path, over_budget, too_large, Endpoint, Head, Refusal, Route, INFO_PATHS};
 pub use text::MAX_TEXT_DEPTH;
+pub use wire::WireProfile;

@@ -1,22 +1,36 @@
-//! The fields of a prefill/decode-disaggregated request, as sglang-router
-//! writes them. Shared by the control plane (which normally builds them) and
-//! the filter (which builds them itself while the control plane is down).
+//! The fields of a prefill/decode-disaggregated request, and the DP rank of
+//! a regular one, in the dialect ([`WireProfile`]) of the worker they go
+//! to. The one place that decides them: the control plane (both front doors)
+//! builds them with it, and so does the filter while the control plane is
+//! down.
 
 use serde_json::value::RawValue;
 
+use crate::wire::WireProfile;
 use crate::{RequestBody, Route};
 
-/// Where the decode worker fetches the KV cache from, and the DP ranks.
+/// One worker of a request, as far as its fields depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unit {
+    /// The dialect it speaks.
+    pub profile: WireProfile,
+    /// The DP rank the router chose on it (DP-aware only).
+    pub rank: Option<u32>,
+    /// Its number of DP ranks, when known (DP-aware only).
+    pub dp_size: Option<u32>,
+}
+
+/// Where the decode worker fetches the KV cache from, and the two workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bootstrap<'a> {
     /// The prefill worker's host as registered.
     pub host: &'a str,
     /// Its bootstrap port; `None` is sent as null (decode uses its default).
     pub port: Option<u16>,
-    /// The prefill's DP rank (DP-aware only).
-    pub prefill_rank: Option<u32>,
-    /// The decode's DP rank (DP-aware only).
-    pub decode_rank: Option<u32>,
+    /// The prefill worker.
+    pub prefill: Unit,
+    /// The decode worker.
+    pub decode: Unit,
 }
 
 /// The top-level fields (key, JSON text) for the two halves of a PD request.
@@ -110,10 +124,19 @@ pub fn wants_input_logprobs(route: Route, body: &RequestBody<'_>) -> bool {
 /// The fields of one PD request: the same `rid` (from `new_rid`, unless
 /// the client sent one), `bootstrap_host`, `bootstrap_port` and
 /// `bootstrap_room` (from `new_room`, in [0, 2^63-1]) in both halves, arrays
-/// of the batch size for a batch; the decode half always carries
-/// `data_parallel_rank` (the prefill's rank) and `data_parallel_rank_decode`
-/// (null when not DP-aware), the prefill half `data_parallel_rank` only when
-/// it has a rank.
+/// of the batch size for a batch; then the DP ranks, each half in its
+/// worker's profile:
+///
+/// | half | [`WireProfile::Seeds`] | [`WireProfile::Upstream`] |
+/// | --- | --- | --- |
+/// | prefill | `data_parallel_rank` = its rank, if any | `routed_dp_rank` = its rank, if any |
+/// | decode | `data_parallel_rank` = the prefill's rank and `data_parallel_rank_decode` = its own, both always present (null without ranks) | `routed_dp_rank` = its own rank and `disagg_prefill_dp_rank` = the prefill's, each if any |
+///
+/// An upstream prefill with a rank gets rooms with `room % dp_size` equal
+/// to that rank: SGLang's prefill follows the room by default and, since
+/// 0.5.23, fails a request whose explicit rank contradicts it
+/// ("follow_bootstrap_room conflict"); a decode that is not told the
+/// prefill's rank looks for the KV there too.
 pub fn pd_fields(
     route: Route,
     body: &RequestBody<'_>,
@@ -126,7 +149,8 @@ pub fn pd_fields(
     let port = bootstrap
         .port
         .map_or_else(|| "null".to_string(), |p| p.to_string());
-    let mut room = || (new_room() & (i64::MAX as u64)).to_string();
+    let prefill = bootstrap.prefill;
+    let mut room = || room_for(new_room(), &prefill).to_string();
     let mut common: Vec<(&'static str, String)> = Vec::with_capacity(4);
     if body.get("rid").is_none() {
         let rid = match batch {
@@ -154,19 +178,68 @@ pub fn pd_fields(
         prefill: common.clone(),
         decode: common,
     };
-    if let Some(rank) = bootstrap.prefill_rank {
-        fields
-            .prefill
-            .push(("data_parallel_rank", rank.to_string()));
+    fields.prefill.extend(dp_rank_fields(&prefill));
+    let decode = bootstrap.decode;
+    match decode.profile {
+        WireProfile::Seeds => {
+            fields
+                .decode
+                .push(("data_parallel_rank", rank_json(prefill.rank)));
+            fields
+                .decode
+                .push(("data_parallel_rank_decode", rank_json(decode.rank)));
+        }
+        WireProfile::Upstream => {
+            if let Some(rank) = decode.rank {
+                fields.decode.push(("routed_dp_rank", rank.to_string()));
+            }
+            if let Some(rank) = prefill.rank {
+                fields
+                    .decode
+                    .push(("disagg_prefill_dp_rank", rank.to_string()));
+            }
+        }
     }
     fields
-        .decode
-        .push(("data_parallel_rank", rank_json(bootstrap.prefill_rank)));
-    fields.decode.push((
-        "data_parallel_rank_decode",
-        rank_json(bootstrap.decode_rank),
-    ));
-    fields
+}
+
+/// The rank field of a request to `unit` alone (regular mode, or a PD
+/// prefill half): `data_parallel_rank` (seeds) or `routed_dp_rank`
+/// (upstream; SGLang 0.5.10+ still reads the old name, with a deprecation
+/// warning per request); nothing without a rank.
+pub fn dp_rank_fields(unit: &Unit) -> Vec<(&'static str, String)> {
+    let key = match unit.profile {
+        WireProfile::Seeds => "data_parallel_rank",
+        WireProfile::Upstream => "routed_dp_rank",
+    };
+    unit.rank
+        .map(|rank| vec![(key, rank.to_string())])
+        .unwrap_or_default()
+}
+
+/// A room from the random `raw`: masked into [0, 2^63-1] (SGLang's range),
+/// and for an upstream prefill with a rank `r` of `n`, replaced by the
+/// number of its block of `n` (`room - room % n ..`) with `room % n == r`
+/// (of the block below, should that leave the range): still random in all
+/// but its last digits in base `n`.
+fn room_for(raw: u64, prefill: &Unit) -> u64 {
+    const MAX: u64 = i64::MAX as u64;
+    let room = raw & MAX;
+    let (WireProfile::Upstream, Some(rank), Some(n)) =
+        (prefill.profile, prefill.rank, prefill.dp_size)
+    else {
+        return room;
+    };
+    let (rank, n) = (u64::from(rank), u64::from(n));
+    if n < 2 || rank >= n {
+        return room;
+    }
+    let aligned = room - room % n + rank;
+    if aligned > MAX {
+        aligned - n
+    } else {
+        aligned
+    }
 }
 
 /// `fields` as the `(&str, &str)` pairs [`RequestBody::with_fields`] takes.
@@ -218,21 +291,180 @@ mod tests {
         assert_eq!(size(Route::Generate, &many), Some(100_000));
     }
 
+    fn unit(profile: WireProfile, rank: Option<u32>, dp_size: Option<u32>) -> Unit {
+        Unit {
+            profile,
+            rank,
+            dp_size,
+        }
+    }
+
+    /// The two halves of `body` (a `/generate` body) as JSON, with rooms
+    /// from `rooms` in turn.
+    fn halves(
+        body: &str,
+        prefill: Unit,
+        decode: Unit,
+        rooms: &[u64],
+    ) -> (serde_json::Value, serde_json::Value) {
+        let parsed = RequestBody::parse(body.as_bytes()).unwrap();
+        let b = Bootstrap {
+            host: "p.example",
+            port: Some(8998),
+            prefill,
+            decode,
+        };
+        let mut next = rooms.iter().copied().cycle();
+        let f = pd_fields(
+            Route::Generate,
+            &parsed,
+            &b,
+            || "r".into(),
+            || next.next().unwrap_or(0),
+        );
+        let json = |fields: &[(&'static str, String)]| -> serde_json::Value {
+            serde_json::from_slice(&parsed.with_fields(&as_pairs(fields)).unwrap()).unwrap()
+        };
+        (json(&f.prefill), json(&f.decode))
+    }
+
     #[test]
     fn rooms_are_masked_into_the_signed_range() {
-        let body = RequestBody::parse(br#"{"text":"x"}"#).unwrap();
-        let b = Bootstrap {
-            host: "h",
-            port: None,
-            prefill_rank: None,
-            decode_rank: None,
-        };
-        let f = pd_fields(Route::Generate, &body, &b, || "r".into(), || u64::MAX);
-        let room = f
-            .prefill
-            .iter()
-            .find(|(k, _)| *k == "bootstrap_room")
-            .unwrap();
-        assert_eq!(room.1, i64::MAX.to_string());
+        let none = Unit::default();
+        for profile in [WireProfile::Seeds, WireProfile::Upstream] {
+            let (p, d) = halves(
+                r#"{"text":"x"}"#,
+                unit(profile, None, None),
+                none,
+                &[u64::MAX],
+            );
+            assert_eq!(p["bootstrap_room"], i64::MAX, "{profile}");
+            assert_eq!(d["bootstrap_room"], i64::MAX, "{profile}");
+        }
+    }
+
+    #[test]
+    fn seeds_profile_writes_the_seeds_fields() {
+        let seeds = |rank| unit(WireProfile::Seeds, rank, rank.map(|_| 4));
+        // DP-aware: the prefill's rank in both halves, the decode's own too.
+        let (p, d) = halves(r#"{"text":"x"}"#, seeds(Some(3)), seeds(Some(1)), &[10]);
+        assert_eq!(p["data_parallel_rank"], 3);
+        assert!(p.get("data_parallel_rank_decode").is_none());
+        assert!(p.get("routed_dp_rank").is_none());
+        assert_eq!(d["data_parallel_rank"], 3);
+        assert_eq!(d["data_parallel_rank_decode"], 1);
+        assert!(d.get("routed_dp_rank").is_none() && d.get("disagg_prefill_dp_rank").is_none());
+        assert_eq!(p["bootstrap_room"], 10, "random room, not aligned");
+        // Without ranks: the decode half still carries both, as null.
+        let (p, d) = halves(r#"{"text":"x"}"#, seeds(None), seeds(None), &[10]);
+        assert!(p.get("data_parallel_rank").is_none());
+        let d = d.as_object().unwrap();
+        assert!(d["data_parallel_rank"].is_null() && d["data_parallel_rank_decode"].is_null());
+    }
+
+    #[test]
+    fn upstream_profile_writes_routed_and_prefill_ranks_and_aligns_rooms() {
+        let up = |rank, n| unit(WireProfile::Upstream, rank, n);
+        let (p, d) = halves(
+            r#"{"text":"x"}"#,
+            up(Some(3), Some(4)),
+            up(Some(1), Some(2)),
+            &[10],
+        );
+        assert_eq!(p["routed_dp_rank"], 3);
+        assert!(p.get("data_parallel_rank").is_none());
+        assert!(p.get("disagg_prefill_dp_rank").is_none());
+        assert_eq!(d["routed_dp_rank"], 1, "the decode runs on its own rank");
+        assert_eq!(
+            d["disagg_prefill_dp_rank"], 3,
+            "and finds the KV on the prefill's"
+        );
+        assert!(
+            d.get("data_parallel_rank").is_none() && d.get("data_parallel_rank_decode").is_none()
+        );
+        // 10 -> 11: the room of 10's block of 4 with room % 4 == 3.
+        assert_eq!(p["bootstrap_room"], 11);
+        assert_eq!(p["bootstrap_room"], d["bootstrap_room"]);
+        // Without ranks: no rank field at all, rooms as drawn.
+        let (p, d) = halves(r#"{"text":"x"}"#, up(None, None), up(None, None), &[10]);
+        for key in [
+            "routed_dp_rank",
+            "disagg_prefill_dp_rank",
+            "data_parallel_rank",
+            "data_parallel_rank_decode",
+        ] {
+            assert!(p.get(key).is_none() && d.get(key).is_none(), "{key}");
+        }
+        assert_eq!(p["bootstrap_room"], 10);
+    }
+
+    #[test]
+    fn aligned_rooms_stay_random_in_range_and_match_the_rank_for_every_batch_item() {
+        let prefill = unit(WireProfile::Upstream, Some(2), Some(3));
+        let raws = [
+            0,
+            1,
+            2,
+            5,
+            u64::MAX,
+            i64::MAX as u64,
+            i64::MAX as u64 - 1,
+            1 << 40,
+        ];
+        let (p, _) = halves(
+            r#"{"text":["a","b","c","d","e","f","g","h"]}"#,
+            prefill,
+            Unit::default(),
+            &raws,
+        );
+        let rooms = p["bootstrap_room"].as_array().unwrap();
+        assert_eq!(rooms.len(), raws.len());
+        for (room, raw) in rooms.iter().zip(raws) {
+            let room = room.as_u64().unwrap();
+            assert!(room <= i64::MAX as u64, "{room}");
+            assert_eq!(room % 3, 2, "{raw} -> {room}");
+            assert!(
+                (raw & i64::MAX as u64).abs_diff(room) < 3,
+                "{raw} -> {room}"
+            );
+        }
+        // A rank the size does not allow, or one rank: the room as drawn.
+        for bad in [
+            unit(WireProfile::Upstream, Some(3), Some(3)),
+            unit(WireProfile::Upstream, Some(0), Some(1)),
+        ] {
+            let (p, _) = halves(r#"{"text":"x"}"#, bad, Unit::default(), &[7]);
+            assert_eq!(p["bootstrap_room"], 7);
+        }
+    }
+
+    #[test]
+    fn each_half_follows_its_own_workers_profile() {
+        let (p, d) = halves(
+            r#"{"text":"x"}"#,
+            unit(WireProfile::Seeds, Some(1), Some(2)),
+            unit(WireProfile::Upstream, Some(0), Some(2)),
+            &[4],
+        );
+        assert_eq!(p["data_parallel_rank"], 1);
+        assert_eq!(
+            p["bootstrap_room"], 4,
+            "a seeds prefill's room is not aligned"
+        );
+        assert_eq!(d["routed_dp_rank"], 0);
+        assert_eq!(d["disagg_prefill_dp_rank"], 1);
+    }
+
+    #[test]
+    fn regular_rank_field_per_profile() {
+        assert_eq!(
+            dp_rank_fields(&unit(WireProfile::Seeds, Some(2), Some(4))),
+            [("data_parallel_rank", "2".to_string())]
+        );
+        assert_eq!(
+            dp_rank_fields(&unit(WireProfile::Upstream, Some(2), Some(4))),
+            [("routed_dp_rank", "2".to_string())]
+        );
+        assert!(dp_rank_fields(&Unit::default()).is_empty());
     }
 }
