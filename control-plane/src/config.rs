@@ -27,6 +27,32 @@ pub enum PolicyKind {
     CostAware,
 }
 
+/// `--wire-profile`: which spelling of SGLang's DP and PD fields to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum WireProfileFlag {
+    /// Each worker's own, from the `version` of its `/server_info` (read
+    /// with `--dp-aware`): seeds before SGLang 0.5.10, upstream from then on
+    /// and when the version is not known.
+    Auto,
+    /// `data_parallel_rank` / `data_parallel_rank_decode`, as the seeds.
+    Seeds,
+    /// `routed_dp_rank` / `disagg_prefill_dp_rank` and rooms aligned to the
+    /// prefill's rank, as SGLang 0.5.10 and later.
+    Upstream,
+}
+
+impl WireProfileFlag {
+    /// The profile forced on every worker; `None` for auto.
+    pub fn forced(self) -> Option<sglang_envoy_body::WireProfile> {
+        match self {
+            WireProfileFlag::Auto => None,
+            WireProfileFlag::Seeds => Some(sglang_envoy_body::WireProfile::Seeds),
+            WireProfileFlag::Upstream => Some(sglang_envoy_body::WireProfile::Upstream),
+        }
+    }
+}
+
 /// The control plane's flags.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -72,6 +98,12 @@ pub struct Args {
     /// the worker's `/get_server_info` (`dp_size`).
     #[arg(long)]
     pub dp_aware: bool,
+
+    /// The spelling of the DP and PD fields written into request bodies:
+    /// `auto` (each worker's, from its SGLang version), `seeds` or
+    /// `upstream` (see the README, "Wire profiles").
+    #[arg(long, value_enum, default_value = "auto")]
+    pub wire_profile: WireProfileFlag,
 
     /// How long to keep trying to read a worker's `dp_size` at startup.
     #[arg(long, default_value_t = 600)]
@@ -478,7 +510,14 @@ mod tests {
         assert_eq!(a.max_tree_size, 67_108_864);
         assert_eq!(a.health_check_interval_secs, 60);
         assert_eq!(a.health_failure_threshold, 3);
+        assert_eq!(a.wire_profile.forced(), None, "auto by default");
         assert!(a.validate().is_ok());
+        let seeds = Args::parse_from(["cp", "--wire-profile", "seeds"]);
+        assert_eq!(
+            seeds.wire_profile.forced(),
+            Some(sglang_envoy_body::WireProfile::Seeds)
+        );
+        assert!(Args::try_parse_from(["cp", "--wire-profile", "latest"]).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sglang_envoy_body::{is_info_path, RequestBody, Route};
+use sglang_envoy_body::{is_info_path, RequestBody, Route, WireProfile};
 use sglang_envoy_proto::{
     route_response, AdmissionOutcome, BodyField, Completion, Decision, NeedBody, PrefillEndpoint,
     PrefillOutcome, Rejection, RouteRequest, RouteResponse, WorkersSnapshot,
@@ -35,7 +35,8 @@ pub enum WorkerChangeError {
     /// A worker of a kind this router's mode does not use.
     #[error("{0}")]
     WrongMode(String),
-    /// `--dp-aware` needs the worker's `dp_size`, and it could not be read.
+    /// `--dp-aware` needs the worker's server info (`dp_size`), and it
+    /// could not be read.
     #[error("cannot read dp_size of {0}: {1}")]
     DpSize(String, String),
 }
@@ -99,8 +100,12 @@ pub struct EngineOptions {
     pub admission: Option<AdmissionOptions>,
     /// The control plane's one client for workers (TLS settings of the
     /// flags, see [`crate::workers::worker_client`]): the PD prefill halves
-    /// and `/get_server_info` go through it.
+    /// and `/server_info` go through it.
     pub worker_client: reqwest::Client,
+    /// `--wire-profile`: the field dialect of every worker; `None` (auto):
+    /// each worker's own, from the version it reports (see
+    /// [`pd::wire_profile`]).
+    pub wire_profile: Option<WireProfile>,
 }
 
 impl Default for EngineOptions {
@@ -113,6 +118,7 @@ impl Default for EngineOptions {
             addresses: AddressPolicy::default(),
             admission: None,
             worker_client: reqwest::Client::new(),
+            wire_profile: None,
         }
     }
 }
@@ -424,6 +430,11 @@ impl Engine {
                     bootstrap_port: w.spec.bootstrap_port.map_or(0, u32::from),
                 })
                 .collect(),
+            wire_profiles: [self.serving_role(), Role::Prefill]
+                .into_iter()
+                .flat_map(endpoints)
+                .map(|w| (w.endpoint_text.clone(), pd::wire_code(w.facts.wire)))
+                .collect(),
         }
     }
 
@@ -485,17 +496,17 @@ impl Engine {
         if self.registry.contains(&address.url) {
             return Err(RegistryError::Duplicate(address.url).into());
         }
-        let dp_size = if self.options.dp_aware {
-            let size = crate::workers::dp_size(&self.options.worker_client, &address.url)
-                .await
-                .map_err(|e| {
-                    WorkerChangeError::DpSize(address.url.clone(), crate::workers::error_chain(&e))
-                })?;
-            Some(size)
-        } else {
-            None
-        };
-        Ok(self.registry.add(address, spec, dp_size)?)
+        let facts = crate::workers::server_facts(
+            &self.options.worker_client,
+            &address.url,
+            self.options.dp_aware,
+            self.options.wire_profile,
+        )
+        .await
+        .map_err(|e| {
+            WorkerChangeError::DpSize(address.url.clone(), crate::workers::error_chain(&e))
+        })?;
+        Ok(self.registry.add(address, spec, facts)?)
     }
 
     /// Unregisters a server (all its units) and forgets its cache history.
@@ -674,7 +685,7 @@ pub(crate) mod tests {
         for t in 1..=4 {
             let d = decision(ask(&e, t));
             assert_eq!(d.inject.len(), 1);
-            assert_eq!(d.inject[0].key, "data_parallel_rank");
+            assert_eq!(d.inject[0].key, "routed_dp_rank", "the default profile");
             let rank: u32 = d.inject[0].json_value.parse().unwrap();
             assert!(d.worker_url.ends_with(&format!("@{rank}")), "{d:?}");
             // The other server is the fallback, never a sibling rank.
@@ -729,15 +740,15 @@ pub(crate) mod tests {
         let keys: Vec<_> = d.inject.iter().map(|f| f.key.as_str()).collect();
         assert_eq!(
             keys,
-            [
-                "rid",
-                "bootstrap_host",
-                "bootstrap_port",
-                "bootstrap_room",
-                "data_parallel_rank",
-                "data_parallel_rank_decode"
-            ]
+            ["rid", "bootstrap_host", "bootstrap_port", "bootstrap_room",],
+            "no ranks: no rank fields in the (default) upstream profile"
         );
+        let snapshot = e.snapshot();
+        assert_eq!(
+            snapshot.wire_profiles.get("127.0.0.1:1"),
+            Some(&(sglang_envoy_proto::WireProfile::Upstream as i32))
+        );
+        assert_eq!(snapshot.wire_profiles.len(), 2, "prefill and decode");
         let outcome = e.await_prefill(2).await;
         assert!(!outcome.ok);
         assert_eq!(outcome.http_status, 502);

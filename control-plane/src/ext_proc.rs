@@ -1206,7 +1206,7 @@ mod tests {
         };
         let text = String::from_utf8(new_body).unwrap();
         assert!(text.contains(r#""temperature": 0.70"#), "{text}");
-        assert!(text.contains(r#""data_parallel_rank":0"#), "{text}");
+        assert!(text.contains(r#""routed_dp_rank":0"#), "{text}");
         assert_eq!(set(&r, "content-length"), Some(text.len().to_string()));
         assert_eq!(total_load(&e), 1);
 

@@ -93,6 +93,7 @@ async fn main() -> anyhow::Result<()> {
                 own_host: Some(args.host),
             },
             worker_client: worker_client.clone(),
+            wire_profile: args.wire_profile.forced(),
         },
     )?);
     let health = Arc::new(HealthChecker::new(registry.clone(), &args, worker_client));

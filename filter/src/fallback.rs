@@ -2,6 +2,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
+use sglang_envoy_body::WireProfile;
 use sglang_envoy_proto::{PrefillEndpoint, WorkersSnapshot};
 
 /// What the filter knows to keep routing while the control plane is
@@ -23,6 +24,33 @@ pub struct LocalChoice {
     pub endpoints: Vec<String>,
     /// PD mode: the prefill worker the filter must send the prefill half to.
     pub prefill: Option<PrefillEndpoint>,
+    /// The field dialect of the chosen serving worker and of the prefill
+    /// worker, as the control plane last said (see [`profile_of`]).
+    pub profiles: Profiles,
+}
+
+/// The wire profiles of the two halves of a locally routed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Profiles {
+    /// The worker the request goes to (the decode worker in PD mode).
+    pub serving: WireProfile,
+    /// PD mode: the prefill worker.
+    pub prefill: WireProfile,
+}
+
+/// The profile the snapshot gives `endpoint`; the body crate's default when
+/// it gives none (a control plane from before profiles).
+pub fn profile_of(snapshot: &WorkersSnapshot, endpoint: &str) -> WireProfile {
+    use sglang_envoy_proto::WireProfile as Code;
+    match snapshot
+        .wire_profiles
+        .get(endpoint)
+        .and_then(|c| Code::try_from(*c).ok())
+    {
+        Some(Code::Seeds) => WireProfile::Seeds,
+        Some(Code::Upstream) => WireProfile::Upstream,
+        Some(Code::Unspecified) | None => WireProfile::default(),
+    }
 }
 
 impl Fallback {
@@ -51,13 +79,27 @@ impl Fallback {
         let turn = self.0.turn.get();
         self.0.turn.set(turn.wrapping_add(1));
         let n = snapshot.serving.len();
-        let endpoints = (0..n.min(retries + 1))
+        let endpoints: Vec<String> = (0..n.min(retries + 1))
             .map(|i| snapshot.serving[(turn + i) % n].clone())
             .collect();
         let prefill = snapshot
             .pd
             .then(|| snapshot.prefill[turn % snapshot.prefill.len()].clone());
-        Some(LocalChoice { endpoints, prefill })
+        let profiles = Profiles {
+            serving: endpoints
+                .first()
+                .map(|e| profile_of(snapshot, e))
+                .unwrap_or_default(),
+            prefill: prefill
+                .as_ref()
+                .map(|p| profile_of(snapshot, &p.endpoint))
+                .unwrap_or_default(),
+        };
+        Some(LocalChoice {
+            endpoints,
+            prefill,
+            profiles,
+        })
     }
 }
 
@@ -70,6 +112,7 @@ mod tests {
             pd,
             serving: serving.iter().map(|s| s.to_string()).collect(),
             prefill: Vec::new(),
+            wire_profiles: Default::default(),
         }
     }
 
@@ -99,5 +142,35 @@ mod tests {
         let c = f.choose(t0, age, 0).unwrap();
         assert_eq!(c.endpoints.len(), 1);
         assert_eq!(c.prefill.map(|p| p.endpoint), Some("p:1".to_string()));
+    }
+
+    #[test]
+    fn profiles_come_from_the_snapshot_else_the_default() {
+        let f = Fallback::default();
+        let t0 = SystemTime::UNIX_EPOCH;
+        let mut pd = snapshot(&["d:1"], true);
+        pd.prefill = vec![PrefillEndpoint {
+            endpoint: "p:1".into(),
+            host: "p".into(),
+            bootstrap_port: 0,
+        }];
+        f.update(t0, pd.clone());
+        let c = f.choose(t0, Duration::from_secs(1), 0).unwrap();
+        assert_eq!(c.profiles, Profiles::default(), "not said: the default");
+        pd.wire_profiles = [
+            (
+                "d:1".to_string(),
+                sglang_envoy_proto::WireProfile::Seeds as i32,
+            ),
+            (
+                "p:1".to_string(),
+                sglang_envoy_proto::WireProfile::Upstream as i32,
+            ),
+        ]
+        .into();
+        f.update(t0, pd);
+        let c = f.choose(t0, Duration::from_secs(1), 0).unwrap();
+        assert_eq!(c.profiles.serving, WireProfile::Seeds);
+        assert_eq!(c.profiles.prefill, WireProfile::Upstream);
     }
 }

@@ -1,10 +1,40 @@
-use sglang_envoy_body::pd::{self, Bootstrap};
-use sglang_envoy_body::{RequestBody, Route};
+use sglang_envoy_body::pd::{self, Bootstrap, Unit};
+use sglang_envoy_body::{RequestBody, Route, WireProfile};
 
 use crate::pd::RidSource;
 use crate::workers::Worker;
 
 pub use sglang_envoy_body::pd::{as_pairs, batch_size, wants_input_logprobs, PdFields};
+
+/// The profile of a worker: `forced` (`--wire-profile seeds|upstream`),
+/// else the one its reported `version` calls for (see
+/// [`WireProfile::for_version`]), else upstream: what SGLang has read since
+/// 0.5.10, and, with its rooms aligned to the prefill's rank, what older
+/// releases still pair up on (they ignore the new fields and fall back on
+/// `bootstrap_room % dp_size` on both sides).
+pub fn wire_profile(forced: Option<WireProfile>, version: Option<&str>) -> WireProfile {
+    forced
+        .or_else(|| version.and_then(WireProfile::for_version))
+        .unwrap_or_default()
+}
+
+/// `profile` as the workers snapshot's enum (for the filter's fallback).
+pub fn wire_code(profile: WireProfile) -> i32 {
+    let code = match profile {
+        WireProfile::Seeds => sglang_envoy_proto::WireProfile::Seeds,
+        WireProfile::Upstream => sglang_envoy_proto::WireProfile::Upstream,
+    };
+    code as i32
+}
+
+/// `worker` as the field builder sees it.
+pub fn unit(worker: &Worker) -> Unit {
+    Unit {
+        profile: worker.facts.wire,
+        rank: worker.dp_rank,
+        dp_size: worker.facts.dp_size,
+    }
+}
 
 /// The fields of one PD request between `prefill` and `decode` (see
 /// [`sglang_envoy_body::pd::pd_fields`]): rids from `rids`, random rooms.
@@ -18,18 +48,16 @@ pub fn pd_fields(
     let bootstrap = Bootstrap {
         host: &prefill.host,
         port: prefill.spec.bootstrap_port,
-        prefill_rank: prefill.dp_rank,
-        decode_rank: decode.dp_rank,
+        prefill: unit(prefill),
+        decode: unit(decode),
     };
     pd::pd_fields(route, body, &bootstrap, || rids.next(route), rand::random)
 }
 
-/// Regular mode: the rank of a DP-aware unit, nothing otherwise.
+/// Regular mode: the rank of a DP-aware unit in its server's profile,
+/// nothing otherwise.
 pub fn dp_fields(worker: &Worker) -> Vec<(&'static str, String)> {
-    worker
-        .dp_rank
-        .map(|rank| vec![("data_parallel_rank", rank.to_string())])
-        .unwrap_or_default()
+    pd::dp_rank_fields(&unit(worker))
 }
 
 #[cfg(test)]
@@ -39,10 +67,14 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::workers::{Role, WorkerAddress, WorkerSpec};
+    use crate::workers::{Role, ServerFacts, WorkerAddress, WorkerSpec};
 
     fn worker(role: Role, port: Option<u16>, rank: Option<u32>) -> Worker {
-        Worker::new(
+        profiled(role, port, rank, WireProfile::Seeds)
+    }
+
+    fn profiled(role: Role, port: Option<u16>, rank: Option<u32>, wire: WireProfile) -> Worker {
+        let mut w = Worker::new(
             WorkerAddress {
                 url: "http://prefill.example:30001".into(),
                 host: "prefill.example".into(),
@@ -56,7 +88,12 @@ mod tests {
             rank,
             Arc::default(),
             0,
-        )
+        );
+        w.facts = ServerFacts {
+            dp_size: rank.map(|_| 4),
+            wire,
+        };
+        w
     }
 
     fn fields_of(route: Route, body: &str, p: &Worker, d: &Worker) -> (Value, Value) {
@@ -112,6 +149,35 @@ mod tests {
         assert!(pb.get("data_parallel_rank_decode").is_none());
         assert_eq!(db["data_parallel_rank"], 3);
         assert_eq!(db["data_parallel_rank_decode"], 1);
+    }
+
+    #[test]
+    fn upstream_workers_get_routed_and_prefill_ranks_and_an_aligned_room() {
+        let p = profiled(Role::Prefill, None, Some(3), WireProfile::Upstream);
+        let d = profiled(Role::Decode, None, Some(1), WireProfile::Upstream);
+        let (pb, db) = fields_of(Route::Generate, r#"{"text":"x"}"#, &p, &d);
+        assert_eq!(pb["routed_dp_rank"], 3);
+        assert_eq!(db["routed_dp_rank"], 1);
+        assert_eq!(db["disagg_prefill_dp_rank"], 3);
+        assert_eq!(pb["bootstrap_room"].as_u64().unwrap() % 4, 3);
+        assert!(db.get("data_parallel_rank").is_none());
+        assert_eq!(dp_fields(&d), [("routed_dp_rank", "1".to_string())]);
+        assert_eq!(
+            dp_fields(&worker(Role::Regular, None, Some(2))),
+            [("data_parallel_rank", "2".to_string())]
+        );
+    }
+
+    #[test]
+    fn profile_is_forced_else_read_from_the_version_else_upstream() {
+        let up = WireProfile::Upstream;
+        let seeds = WireProfile::Seeds;
+        assert_eq!(wire_profile(Some(seeds), Some("0.5.23")), seeds);
+        assert_eq!(wire_profile(Some(up), Some("0.5.4")), up);
+        assert_eq!(wire_profile(None, Some("0.5.9")), seeds);
+        assert_eq!(wire_profile(None, Some("0.5.10")), up);
+        assert_eq!(wire_profile(None, Some("custom-build")), up);
+        assert_eq!(wire_profile(None, None), up);
     }
 
     #[test]

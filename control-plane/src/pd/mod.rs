@@ -7,6 +7,9 @@ mod fields;
 mod prefill;
 mod rid;
 
-pub use fields::{as_pairs, batch_size, dp_fields, pd_fields, wants_input_logprobs, PdFields};
+pub use fields::{
+    as_pairs, batch_size, dp_fields, pd_fields, unit, wants_input_logprobs, wire_code,
+    wire_profile, PdFields,
+};
 pub use prefill::{PrefillDispatcher, PrefillJob};
 pub use rid::RidSource;

@@ -8,7 +8,8 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::workers::{
-    identity, CircuitConfig, CircuitState, Health, Role, Worker, WorkerAddress, WorkerSpec,
+    identity, CircuitConfig, CircuitState, Health, Role, ServerFacts, Worker, WorkerAddress,
+    WorkerSpec,
 };
 
 /// Why a registry change was refused.
@@ -63,13 +64,15 @@ impl Registry {
     }
 
     /// Registers a server (unhealthy until its first good health check):
-    /// one unit, or one per DP rank when `dp_size` is given. Returns the units.
+    /// one unit, or one per DP rank when `facts` (or the bare `dp_size`
+    /// given in its place) has a DP size. Returns the units.
     pub fn add(
         &self,
         address: WorkerAddress,
         spec: WorkerSpec,
-        dp_size: Option<u32>,
+        facts: impl Into<ServerFacts>,
     ) -> Result<Vec<Arc<Worker>>, RegistryError> {
+        let facts = facts.into();
         let mut workers = self.workers.lock();
         if workers.iter().any(|w| w.base_url == address.url) {
             return Err(RegistryError::Duplicate(address.url));
@@ -82,7 +85,7 @@ impl Registry {
             ));
         }
         let health = Arc::new(Health::default());
-        let ranks: Vec<Option<u32>> = match dp_size {
+        let ranks: Vec<Option<u32>> = match facts.dp_size {
             Some(n) => (0..n.max(1)).map(Some).collect(),
             None => vec![None],
         };
@@ -90,13 +93,9 @@ impl Registry {
             .into_iter()
             .map(|rank| {
                 let tenant = self.next_tenant.fetch_add(1, Ordering::Relaxed);
-                Arc::new(Worker::new(
-                    address.clone(),
-                    spec,
-                    rank,
-                    health.clone(),
-                    tenant,
-                ))
+                let mut unit = Worker::new(address.clone(), spec, rank, health.clone(), tenant);
+                unit.facts = facts;
+                Arc::new(unit)
             })
             .collect();
         workers.extend(units.iter().cloned());

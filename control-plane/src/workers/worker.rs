@@ -2,6 +2,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use sglang_envoy_body::WireProfile;
+
 use crate::tree::TenantId;
 use crate::workers::{Circuit, CircuitState, WorkerAddress};
 
@@ -54,6 +56,27 @@ impl WorkerSpec {
     };
 }
 
+/// What the control plane knows of a server from the server itself (its
+/// `/server_info`, read when it was added with `--dp-aware`) or from the
+/// `--wire-profile` flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServerFacts {
+    /// Its number of DP ranks (`--dp-aware` only): one unit per rank.
+    pub dp_size: Option<u32>,
+    /// The spelling of the DP and PD fields it reads.
+    pub wire: WireProfile,
+}
+
+impl From<Option<u32>> for ServerFacts {
+    /// `dp_size` and the default profile.
+    fn from(dp_size: Option<u32>) -> Self {
+        ServerFacts {
+            dp_size,
+            wire: WireProfile::default(),
+        }
+    }
+}
+
 /// Health of one server, shared by all its DP-rank units: they live in one
 /// process, answer one health endpoint and fail together.
 #[derive(Debug, Default)]
@@ -90,6 +113,8 @@ pub struct Worker {
     pub spec: WorkerSpec,
     /// The DP rank this unit stands for (`--dp-aware`), else `None`.
     pub dp_rank: Option<u32>,
+    /// The server's DP size and field dialect.
+    pub facts: ServerFacts,
     /// This unit's tenant in the approximate radix tree.
     pub tenant: TenantId,
     load: AtomicUsize,
@@ -124,6 +149,7 @@ impl Worker {
             endpoint: address.endpoint,
             spec,
             dp_rank,
+            facts: ServerFacts::default(),
             tenant,
             load: AtomicUsize::new(0),
             work: AtomicU64::new(0),

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use log::warn;
 use proxy_wasm::traits::{Context, HttpContext};
-use sglang_envoy_body::pd::{as_pairs, pd_fields, wants_input_logprobs, Bootstrap};
+use sglang_envoy_body::pd::{as_pairs, pd_fields, wants_input_logprobs, Bootstrap, Unit};
 use sglang_envoy_body::{prefill_input_logprobs, RequestBody, Route};
 use sglang_envoy_proto::{PrefillEndpoint, PrefillOutcome};
 
 use super::{Prefill, Request};
+use crate::fallback::Profiles;
 
 impl Request {
     /// The control plane did not answer: sends the request to a recently
@@ -27,7 +28,7 @@ impl Request {
             return false;
         };
         if let Some(prefill) = &choice.prefill {
-            if let Err(e) = self.send_prefill_locally(prefill) {
+            if let Err(e) = self.send_prefill_locally(prefill, choice.profiles) {
                 warn!("local PD fallback impossible: {e}");
                 return false;
             }
@@ -42,9 +43,15 @@ impl Request {
     }
 
     /// PD mode without the control plane: writes the bootstrap fields into
-    /// both halves itself, sends the prefill half to `prefill` through
-    /// Envoy's prefill cluster, and leaves the decode half in the request.
-    pub(super) fn send_prefill_locally(&mut self, prefill: &PrefillEndpoint) -> Result<(), String> {
+    /// both halves itself (each in its worker's wire profile, with no DP
+    /// rank: the workers pick theirs from the room), sends the prefill half
+    /// to `prefill` through Envoy's prefill cluster, and leaves the decode
+    /// half in the request.
+    pub(super) fn send_prefill_locally(
+        &mut self,
+        prefill: &PrefillEndpoint,
+        profiles: Profiles,
+    ) -> Result<(), String> {
         let Some(route) = self.route else {
             return Ok(()); // info GETs need no prefill
         };
@@ -57,8 +64,14 @@ impl Request {
             port: u16::try_from(prefill.bootstrap_port)
                 .ok()
                 .filter(|p| *p > 0),
-            prefill_rank: None,
-            decode_rank: None,
+            prefill: Unit {
+                profile: profiles.prefill,
+                ..Unit::default()
+            },
+            decode: Unit {
+                profile: profiles.serving,
+                ..Unit::default()
+            },
         };
         let fields = pd_fields(route, &parsed, &bootstrap, || local_rid(route), random_u64);
         let prefill_body = parsed
