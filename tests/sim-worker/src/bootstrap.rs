@@ -2,13 +2,19 @@
 //! worker: the simulated KV-cache transfer of PD disaggregation.
 //!
 //! A prefill worker publishes the [`Kv`] of each prefilled sequence under its
-//! `bootstrap_room` in its [`Rooms`] and waits for a decode worker to take
-//! it. The bootstrap server (its own port, `--disaggregation-bootstrap-port`)
-//! serves one long-poll route:
+//! `bootstrap_room` and the DP rank that ran it in its [`Rooms`] and waits
+//! for a decode worker to take it. The bootstrap server (its own port,
+//! `--disaggregation-bootstrap-port`) serves one long-poll route:
 //!
-//! `GET /kv/{room}?timeout_ms=N` answers the room's [`Kv`] as JSON as soon as
-//! it is published (taking it: a room is fetched once), or a 404 error after
-//! `N` milliseconds (default: the worker's `--disaggregation-timeout-ms`).
+//! `GET /kv/{room}?rank=R&timeout_ms=N` answers the [`Kv`] of the room on
+//! prefill rank `R` as JSON as soon as it is published (taking it: a room is
+//! fetched once), or a 404 error after `N` milliseconds (default: the
+//! worker's `--disaggregation-timeout-ms`). Without `rank`, the rank is
+//! `room % dp_size` of the prefill worker, what SGLang's decode computes
+//! from the prefill's registration when the request does not name one. As
+//! on GPUs, a decode asking the wrong rank waits for KV that never comes
+//! there (and the prefill for a decode that never comes): both fail after
+//! the timeout.
 //!
 //! Nothing outlives its request: a published room is withdrawn when its
 //! prefill request ends unfetched (timeout or client gone), and a waiting
@@ -68,10 +74,13 @@ enum Slot {
 #[error("bootstrap_room {0} is already published and not fetched yet")]
 pub struct RoomBusy(pub u64);
 
+/// A room on one prefill DP rank: `(bootstrap_room, rank)`.
+pub type RoomKey = (u64, usize);
+
 /// The rooms of a prefill worker's bootstrap server.
 #[derive(Debug, Default)]
 pub struct Rooms {
-    slots: Mutex<HashMap<u64, Slot>>,
+    slots: Mutex<HashMap<RoomKey, Slot>>,
     next_id: AtomicU64,
 }
 
@@ -84,14 +93,14 @@ impl Rooms {
     /// Publishes `kv`, handing it at once to a waiting fetch if there is one.
     /// The room stays published while the returned value lives.
     pub fn publish(&self, kv: Kv) -> Result<Published<'_>, RoomBusy> {
-        let room = kv.bootstrap_room;
+        let room = (kv.bootstrap_room, kv.dp_rank);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let mut slots = self.slots.lock();
         let mut waiters = match slots.remove(&room) {
             Some(ready @ Slot::Ready { .. }) => {
                 slots.insert(room, ready);
-                return Err(RoomBusy(room));
+                return Err(RoomBusy(room.0));
             }
             Some(Slot::Wanted { waiters }) => waiters,
             None => Vec::new(),
@@ -128,8 +137,9 @@ impl Rooms {
         })
     }
 
-    /// Takes the KV of `room`, waiting up to `wait` for it to be published.
-    pub async fn fetch(&self, room: u64, wait: Duration) -> Option<Kv> {
+    /// Takes the KV of `room` (on its rank), waiting up to `wait` for it to
+    /// be published.
+    pub async fn fetch(&self, room: RoomKey, wait: Duration) -> Option<Kv> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut rx = {
             let mut slots = self.slots.lock();
@@ -162,7 +172,7 @@ impl Rooms {
         rx.try_recv().ok()
     }
 
-    fn withdraw_waiter(&self, room: u64, id: u64) {
+    fn withdraw_waiter(&self, room: RoomKey, id: u64) {
         let mut slots = self.slots.lock();
         if let Some(Slot::Wanted { waiters }) = slots.get_mut(&room) {
             waiters.retain(|(w, _)| *w != id);
@@ -172,7 +182,7 @@ impl Rooms {
         }
     }
 
-    fn withdraw_published(&self, room: u64, id: u64) {
+    fn withdraw_published(&self, room: RoomKey, id: u64) {
         let mut slots = self.slots.lock();
         if matches!(slots.get(&room), Some(Slot::Ready { id: mine, .. }) if *mine == id) {
             slots.remove(&room);
@@ -184,7 +194,7 @@ impl Rooms {
 #[derive(Debug)]
 pub struct Published<'a> {
     rooms: &'a Rooms,
-    room: u64,
+    room: RoomKey,
     id: u64,
     fetched: oneshot::Receiver<()>,
 }
@@ -211,7 +221,7 @@ impl Drop for Published<'_> {
 /// A waiting fetch; withdrawn when dropped.
 struct Waiting<'a> {
     rooms: &'a Rooms,
-    room: u64,
+    room: RoomKey,
     id: u64,
 }
 
@@ -226,6 +236,8 @@ impl Drop for Waiting<'_> {
 pub struct FetchQuery {
     /// How long to wait for the room, in milliseconds.
     timeout_ms: Option<u64>,
+    /// The prefill DP rank to take it from; `room % dp_size` when absent.
+    rank: Option<usize>,
 }
 
 /// The bootstrap server's routes over the worker's `state`.
@@ -251,34 +263,54 @@ async fn fetch_route(
         .timeout_ms
         .map_or(state.timeout(), Duration::from_millis)
         .min(MAX_WAIT);
-    match state.rooms.fetch(room, wait).await {
+    let dp_size = state.config.dp_size.max(1);
+    let rank = query.rank.unwrap_or((room % dp_size as u64) as usize);
+    match state.rooms.fetch((room, rank), wait).await {
         Some(kv) => {
-            tracing::debug!(room, rid = kv.rid, "KV fetched by a decode worker");
+            tracing::debug!(room, rank, rid = kv.rid, "KV fetched by a decode worker");
             Ok(Json(kv))
         }
         None => Err(ApiError::NotFound(format!(
-            "bootstrap_room {room} was not published within {} ms",
+            "bootstrap_room {room} was not published on prefill DP rank {rank} (of {dp_size}) within {} ms",
             wait.as_millis()
         ))),
     }
 }
 
-/// Fetches the KV of `room` from the bootstrap server at `host:port`,
-/// waiting up to `wait`.
+/// Where a decode worker takes a room's KV from.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// The request's `bootstrap_host`.
+    pub host: &'a str,
+    /// Its `bootstrap_port` (or the decode's default).
+    pub port: u16,
+    /// Its `bootstrap_room`.
+    pub room: u64,
+    /// The prefill DP rank holding it, when the request says; else the
+    /// bootstrap server's `room % dp_size`.
+    pub prefill_rank: Option<i64>,
+}
+
+/// Fetches the KV of a room from the bootstrap server at `at`, waiting up
+/// to `wait`.
 pub async fn fetch_remote(
     client: &reqwest::Client,
-    host: &str,
-    port: u16,
-    room: u64,
+    at: &Source<'_>,
     wait: Duration,
 ) -> Result<Kv, String> {
-    let host = if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]")
+    let (port, room) = (at.port, at.room);
+    let host = if at.host.contains(':') && !at.host.starts_with('[') {
+        format!("[{}]", at.host)
     } else {
-        host.to_string()
+        at.host.to_string()
+    };
+    let rank = match at.prefill_rank {
+        Some(r) if r < 0 => return Err(format!("prefill DP rank {r} does not exist")),
+        Some(r) => format!("&rank={r}"),
+        None => String::new(),
     };
     let url = format!(
-        "http://{host}:{port}/kv/{room}?timeout_ms={}",
+        "http://{host}:{port}/kv/{room}?timeout_ms={}{rank}",
         wait.as_millis()
     );
     let answer = client
@@ -328,11 +360,13 @@ mod tests {
         let p = rooms.publish(kv(1)).unwrap();
         assert_eq!(rooms.publish(kv(1)).err(), Some(RoomBusy(1)));
         assert_eq!(rooms.open(), 1);
-        assert_eq!(rooms.fetch(1, Duration::ZERO).await, Some(kv(1)));
+        // Another rank's room is another room.
+        assert_eq!(rooms.fetch((1, 1), Duration::from_millis(5)).await, None);
+        assert_eq!(rooms.fetch((1, 0), Duration::ZERO).await, Some(kv(1)));
         assert!(p.fetched(Duration::ZERO).await);
         assert_eq!(rooms.open(), 0);
         // Fetched once only.
-        assert_eq!(rooms.fetch(1, Duration::from_millis(5)).await, None);
+        assert_eq!(rooms.fetch((1, 0), Duration::from_millis(5)).await, None);
         assert_eq!(rooms.open(), 0);
     }
 
@@ -340,7 +374,7 @@ mod tests {
     async fn fetch_waits_for_publish() {
         let rooms = std::sync::Arc::new(Rooms::default());
         let r = std::sync::Arc::clone(&rooms);
-        let fetch = tokio::spawn(async move { r.fetch(2, Duration::from_secs(5)).await });
+        let fetch = tokio::spawn(async move { r.fetch((2, 0), Duration::from_secs(5)).await });
         while rooms.open() == 0 {
             tokio::task::yield_now().await;
         }
@@ -359,7 +393,7 @@ mod tests {
         // Dropped without waiting: withdrawn too.
         drop(rooms.publish(kv(3)).unwrap());
         assert_eq!(rooms.open(), 0);
-        assert_eq!(rooms.fetch(3, Duration::from_millis(5)).await, None);
+        assert_eq!(rooms.fetch((3, 0), Duration::from_millis(5)).await, None);
         assert_eq!(rooms.open(), 0);
     }
 }

@@ -96,10 +96,10 @@ impl Handoff {
         }
     }
 
-    /// The DP rank for this sequence, as old SGLang picked it: the explicit
-    /// rank if any (`data_parallel_rank` on a prefill,
-    /// `data_parallel_rank_decode` on a decode), else `room % dp_size`.
-    /// Local sequences keep `explicit` (the engine round-robins on `None`).
+    /// The DP rank for this sequence: the explicit rank if any (the
+    /// profile's field, see [`crate::wire::ranks`]), else `room % dp_size`
+    /// (what SGLang's prefill, following the room, picks). Local sequences
+    /// keep `explicit` (the engine round-robins on `None`).
     pub fn rank(&self, explicit: Option<i64>, dp_size: usize) -> Option<i64> {
         match (explicit, self.room()) {
             (Some(rank), _) => Some(rank),

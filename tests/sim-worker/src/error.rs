@@ -1,5 +1,14 @@
-//! Errors in the shape SGLang's OpenAI-compatible server uses:
-//! `{"object":"error","message":..,"type":..,"param":null,"code":..}`.
+//! Errors in the shapes SGLang's server answers with (read in 0.5.4 and
+//! 0.5.23 `python/sglang/srt/entrypoints/http_server.py`):
+//!
+//! * a request that fails validation: 400
+//!   `{"object":"error","message":..,"type":"Bad Request","param":null,"code":400}`
+//!   (SGLang turns FastAPI's 422 into this);
+//! * an unknown path or a wrong method: FastAPI's own 404
+//!   `{"detail":"Not Found"}` and 405 `{"detail":"Method Not Allowed"}`
+//!   (SGLang's handler is registered for FastAPI's `HTTPException`, which
+//!   Starlette's routing errors are not);
+//! * other failures: `{"object":"error","message":..,"type":..,"param":null,"code":..}`.
 
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -12,12 +21,17 @@ pub enum ApiError {
     /// The request is malformed (bad JSON, missing or mistyped field).
     #[error("{0}")]
     BadRequest(String),
-    /// No such route.
+    /// Something asked for does not exist (the bootstrap server's answer
+    /// for a room never published).
     #[error("{0}")]
     NotFound(String),
-    /// The route exists but not for this method.
-    #[error("{0}")]
-    MethodNotAllowed(String),
+    /// No such route: FastAPI's `{"detail":"Not Found"}`.
+    #[error("Not Found")]
+    NoRoute,
+    /// The route exists but not for this method: FastAPI's
+    /// `{"detail":"Method Not Allowed"}`.
+    #[error("Method Not Allowed")]
+    MethodNotAllowed,
     /// A failure injected through `/_sim/config` `fail_status`.
     #[error("simulated failure: the worker is configured to answer {0}")]
     Injected(StatusCode),
@@ -37,29 +51,35 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::NotFound(_) | ApiError::NoRoute => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Injected(status) => *status,
             ApiError::KvTransfer(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
-    /// The JSON error object: `{"object":"error","message":..,"type":..,
-    /// "param":null,"code":..}`.
+    /// The JSON error body (see the module's documentation).
     pub fn body(&self) -> Value {
         let status = self.status();
+        if matches!(self, ApiError::NoRoute | ApiError::MethodNotAllowed) {
+            return json!({ "detail": self.to_string() });
+        }
         json!({
             "object": "error",
             "message": self.to_string(),
-            "type": error_type(status),
+            "type": error_type(self, status),
             "param": null,
             "code": status.as_u16(),
         })
     }
 }
 
-/// The `type` field OpenAI clients expect for a status.
-fn error_type(status: StatusCode) -> &'static str {
+/// The `type` of an error object.
+fn error_type(error: &ApiError, status: StatusCode) -> &'static str {
+    if matches!(error, ApiError::BadRequest(_)) {
+        // SGLang's validation handler: the HTTP reason phrase.
+        return "Bad Request";
+    }
     match status.as_u16() {
         400 => "BadRequestError",
         401 => "AuthenticationError",
@@ -83,10 +103,12 @@ impl IntoResponse for ApiError {
 
 /// Fallback for unknown paths.
 pub async fn not_found(uri: Uri) -> ApiError {
-    ApiError::NotFound(format!("no route for {}", uri.path()))
+    tracing::debug!(path = uri.path(), "no such route");
+    ApiError::NoRoute
 }
 
 /// Fallback for known paths asked with the wrong method.
 pub async fn method_not_allowed(uri: Uri) -> ApiError {
-    ApiError::MethodNotAllowed(format!("method not allowed for {}", uri.path()))
+    tracing::debug!(path = uri.path(), "method not allowed");
+    ApiError::MethodNotAllowed
 }

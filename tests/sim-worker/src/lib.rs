@@ -11,6 +11,7 @@ mod control;
 mod disagg;
 mod engine;
 mod error;
+mod health;
 mod native;
 mod openai;
 mod record;
@@ -20,6 +21,7 @@ mod state;
 mod stats;
 mod tls;
 mod tokens;
+mod wire;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
@@ -32,15 +34,25 @@ use tokio::net::TcpListener;
 pub use disagg::{DisaggregationMode, UnknownMode};
 pub use state::{AppState, SimConfig};
 pub use tls::{server_config, TlsError, TlsFiles, TlsListener};
+pub use wire::{InfoRoutes, UnknownValue, WireProfile};
 
 /// The worker's routes over `state`.
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/health", get(native::health))
-        .route("/health_generate", get(native::health))
-        .route("/get_server_info", get(native::server_info))
-        .route("/server_info", get(native::server_info))
-        .route("/get_model_info", get(native::model_info))
+    let info = state.config.info_routes;
+    let mut routes = Router::new();
+    if info.legacy() {
+        routes = routes
+            .route("/get_server_info", get(native::server_info))
+            .route("/get_model_info", get(native::model_info));
+    }
+    if info.current() {
+        routes = routes
+            .route("/server_info", get(native::server_info))
+            .route("/model_info", get(native::model_info));
+    }
+    routes
+        .route("/health", get(health::health))
+        .route("/health_generate", get(health::health))
         .route("/get_load", get(native::load))
         .route("/generate", post(native::generate))
         .route("/v1/rerank", post(native::rerank))

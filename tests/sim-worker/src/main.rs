@@ -3,8 +3,8 @@
 use anyhow::Context;
 use clap::Parser;
 use sglang_sim_worker::{
-    bind_bootstrap, serve_tls_with_bootstrap, server_config, DisaggregationMode, SimConfig,
-    TlsFiles,
+    bind_bootstrap, serve_tls_with_bootstrap, server_config, DisaggregationMode, InfoRoutes,
+    SimConfig, TlsFiles, WireProfile,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -54,6 +54,35 @@ struct Cli {
     /// for the KV to be published, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     disaggregation_timeout_ms: u64,
+    /// Which SGLang's DP-rank fields it reads: `upstream` (SGLang 0.5.10
+    /// and later: `routed_dp_rank`, `disagg_prefill_dp_rank`) or `seeds`
+    /// (`data_parallel_rank`, `data_parallel_rank_decode`).
+    #[arg(long, default_value = "upstream")]
+    wire_profile: WireProfile,
+    /// The version the info routes report (default: 0.5.23+sim for
+    /// upstream, 0.5.9+sim for seeds).
+    #[arg(long)]
+    sglang_version: Option<String>,
+    /// Which info routes exist: `both` (`/server_info`, `/model_info` and
+    /// their deprecated `get_` aliases: SGLang 0.5.6 to 0.5.23), `legacy`
+    /// (the `get_` ones only: 0.5.4 and older) or `current` (no `get_`).
+    #[arg(long, default_value = "both")]
+    info_routes: InfoRoutes,
+    /// Report prefix-cache hits in the OpenAI usage
+    /// (`prompt_tokens_details.cached_tokens`), as SGLang's flag does.
+    #[arg(long)]
+    enable_cache_report: bool,
+    /// How long a `/health` takes, in milliseconds (SGLang's generates one
+    /// token and looks for it after a second).
+    #[arg(long, default_value_t = 1000)]
+    health_delay_ms: u64,
+    /// How long a `/health` of a stalled worker waits before answering 503.
+    #[arg(long, default_value_t = 20_000)]
+    health_timeout_ms: u64,
+    /// For how long after the start `/health` answers 503 (SGLang's server
+    /// is starting: loading weights, warming up).
+    #[arg(long, default_value_t = 0)]
+    startup_ms: u64,
     /// Serve HTTPS with this certificate chain (PEM), like an SGLang server
     /// behind TLS; needs --tls-key. The bootstrap server stays plain HTTP.
     #[arg(long, value_name = "PATH", requires = "tls_key")]
@@ -107,6 +136,13 @@ async fn main() -> anyhow::Result<()> {
         disaggregation_mode: cli.disaggregation_mode,
         disaggregation_bootstrap_port: cli.disaggregation_bootstrap_port,
         disaggregation_timeout_ms: cli.disaggregation_timeout_ms,
+        wire_profile: cli.wire_profile,
+        version: cli.sglang_version,
+        info_routes: cli.info_routes,
+        enable_cache_report: cli.enable_cache_report,
+        health_delay_ms: cli.health_delay_ms,
+        health_timeout_ms: cli.health_timeout_ms,
+        startup_ms: cli.startup_ms,
     };
     let bootstrap = bind_bootstrap(&config).await.with_context(|| {
         format!(

@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures::future::{join_all, ready, try_join_all};
@@ -23,19 +22,9 @@ use crate::tokens::{
     generated_text, generated_token, generated_token_id, logprob, token_id, tokenize, Token,
 };
 
-/// Version reported by the info endpoints.
-pub const VERSION: &str = "0.0.0-sim";
-
-/// `GET /health` and `GET /health_generate`: 200, or 503 when switched off.
-pub async fn health(State(state): State<AppState>) -> StatusCode {
-    if state.control.get().healthy {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    }
-}
-
-/// `GET /get_server_info` and `GET /server_info`.
+/// `GET /get_server_info` and `GET /server_info` (those `--info-routes`
+/// serves): SGLang's server args (flattened), its version, and the
+/// simulator's own settings.
 pub async fn server_info(State(state): State<AppState>) -> Json<Value> {
     let c = &state.config;
     let switches = state.control.get();
@@ -47,7 +36,12 @@ pub async fn server_info(State(state): State<AppState>) -> Json<Value> {
         "tp_size": 1,
         "port": c.port,
         "host": c.host,
-        "version": VERSION,
+        "version": c.reported_version(),
+        "load_balance_method": match c.disaggregation_mode {
+            DisaggregationMode::Prefill => "follow_bootstrap_room",
+            _ => "round_robin",
+        },
+        "enable_cache_report": c.enable_cache_report,
         "disaggregation_mode": c.disaggregation_mode.as_str(),
         "disaggregation_bootstrap_port": c.disaggregation_bootstrap_port,
         "disaggregation_timeout_ms": c.disaggregation_timeout_ms,
@@ -58,7 +52,7 @@ pub async fn server_info(State(state): State<AppState>) -> Json<Value> {
     }))
 }
 
-/// `GET /get_model_info`.
+/// `GET /get_model_info` and `GET /model_info`.
 pub async fn model_info(State(state): State<AppState>) -> Json<Value> {
     let c = &state.config;
     Json(json!({
@@ -149,7 +143,8 @@ impl GenReport {
 
 /// `POST /generate`: `text` or `input_ids` (single or batch),
 /// `sampling_params.max_new_tokens`, `stream`, `rid`, `return_logprob`,
-/// `data_parallel_rank`, and in PD mode the bootstrap fields (see
+/// the DP-rank fields of the worker's profile (see [`crate::wire`]), and in
+/// PD mode the bootstrap fields (see
 /// [`crate::disagg`]).
 pub async fn generate(
     State(state): State<AppState>,
@@ -168,7 +163,7 @@ pub async fn generate(
         return Err(ApiError::bad("either text or input_ids is required"));
     };
     let stream = request::opt_bool(&body, "stream")?.unwrap_or(false);
-    let rank = state.requested_rank(&body)?;
+    let ranks = state.ranks(&body)?;
     let handoffs = state.handoffs(&body, prompts.len(), batch)?;
     let decode_side = state.config.disaggregation_mode == DisaggregationMode::Decode;
     let mut items = Vec::with_capacity(prompts.len());
@@ -226,7 +221,7 @@ pub async fn generate(
                     .start_sequence(
                         record,
                         &it.handoff,
-                        rank,
+                        &ranks,
                         &it.report.rid,
                         &it.tokens,
                         it.max_new,
@@ -258,7 +253,7 @@ pub async fn generate(
                 .start_sequence(
                     record,
                     &it.handoff,
-                    rank,
+                    &ranks,
                     &it.report.rid,
                     &it.tokens,
                     it.max_new,
@@ -337,7 +332,7 @@ pub async fn rerank(
         .map(|d| d.as_str().map(str::to_string))
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| ApiError::bad("documents must be a list of strings"))?;
-    let rank = request::dp_rank(&body, "data_parallel_rank")?;
+    let rank = state.ranks(&body)?.run;
     state.control.wait_unstalled().await;
 
     let query_tokens = tokenize(&query);

@@ -21,6 +21,7 @@ use crate::request::{self, field, parse_object};
 use crate::sse;
 use crate::state::AppState;
 use crate::tokens::{self, generated_text, generated_token, generated_token_id, logprob, Token};
+use crate::wire::Ranks;
 
 /// Context length reported by `/v1/models`.
 const MAX_MODEL_LEN: u64 = 32768;
@@ -44,13 +45,25 @@ pub async fn models(State(state): State<AppState>) -> Json<Value> {
     }))
 }
 
-/// OpenAI `usage`, with SGLang's cache report.
-fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Value {
+/// OpenAI `usage`. SGLang reports cache hits there only with
+/// `--enable-cache-report` (`prompt_tokens_details` is null otherwise; with
+/// it, 0.5.23 reports `cached_tokens` even when 0, `usage_processor.py`).
+fn usage(
+    cache_report: bool,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    cached_tokens: usize,
+) -> Value {
+    let details = if cache_report {
+        json!({"cached_tokens": cached_tokens})
+    } else {
+        Value::Null
+    };
     json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": details,
     })
 }
 
@@ -115,7 +128,9 @@ struct Generation {
     include_usage: bool,
     /// `logprobs` asked (chat: `true`; completions: a number).
     logprobs: bool,
-    rank: Option<i64>,
+    ranks: Ranks,
+    /// `--enable-cache-report`.
+    cache_report: bool,
 }
 
 impl Generation {
@@ -152,7 +167,8 @@ impl Generation {
                     ))
                 }
             },
-            rank: state.requested_rank(body)?,
+            ranks: state.ranks(body)?,
+            cache_report: state.config.enable_cache_report,
         })
     }
 
@@ -197,7 +213,7 @@ pub async fn chat(
 
     if !g.stream {
         let p = state
-            .start_sequence(record, &handoff, g.rank, &g.id, &prompt, g.max_new)
+            .start_sequence(record, &handoff, &g.ranks, &g.id, &prompt, g.max_new)
             .await?;
         let (prompt_tokens, cached) = (p.prompt_tokens, p.cached_tokens);
         p.decode(g.max_new).await;
@@ -218,7 +234,7 @@ pub async fn chat(
                 "finish_reason": "length",
                 "matched_stop": null,
             }],
-            "usage": usage(prompt_tokens, g.max_new, cached),
+            "usage": usage(g.cache_report, prompt_tokens, g.max_new, cached),
         });
         return Ok(Json(answer).into_response());
     }
@@ -227,7 +243,7 @@ pub async fn chat(
     let choice = |delta: Value, logprobs: Value, finish: Option<&str>| json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]);
     let events = stream::once(async move {
         let p = state
-            .start_sequence(record, &handoff, g.rank, &g.id, &prompt, g.max_new)
+            .start_sequence(record, &handoff, &g.ranks, &g.id, &prompt, g.max_new)
             .await;
         (p, g)
     })
@@ -250,9 +266,10 @@ pub async fn chat(
             &g.chunk(CHUNK, choice(json!({}), Value::Null, Some("length"))),
         )];
         if g.include_usage {
-            tail.push(sse::event(
-                &g.usage_chunk(CHUNK, usage(prompt_tokens, g.max_new, cached)),
-            ));
+            tail.push(sse::event(&g.usage_chunk(
+                CHUNK,
+                usage(g.cache_report, prompt_tokens, g.max_new, cached),
+            )));
         }
         let tokens = p.decode_stream(g.max_new).map(move |i| {
             sse::event(&g.chunk(
@@ -298,7 +315,7 @@ pub async fn completions(
             let g = &g;
             async move {
                 let p = state
-                    .start_sequence(record, handoff, g.rank, &g.id, tokens, g.max_new)
+                    .start_sequence(record, handoff, &g.ranks, &g.id, tokens, g.max_new)
                     .await?;
                 let counts = (p.prompt_tokens, p.cached_tokens);
                 p.decode(g.max_new).await;
@@ -325,7 +342,12 @@ pub async fn completions(
         if let Some(o) = answer.as_object_mut() {
             o.insert(
                 "usage".into(),
-                usage(prompt_tokens, g.max_new * done.len(), cached),
+                usage(
+                    g.cache_report,
+                    prompt_tokens,
+                    g.max_new * done.len(),
+                    cached,
+                ),
             );
         }
         return Ok(Json(answer).into_response());
@@ -347,7 +369,7 @@ pub async fn completions(
                 let totals = Arc::clone(&totals);
                 stream::once(async move {
                     let p = state
-                        .start_sequence(record, &handoff, g.rank, &g.id, &tokens, g.max_new)
+                        .start_sequence(record, &handoff, &g.ranks, &g.id, &tokens, g.max_new)
                         .await;
                     if let Ok(p) = &p {
                         let mut t = totals.lock();
@@ -393,7 +415,7 @@ pub async fn completions(
         let (prompt_tokens, cached) = *totals.lock();
         Some(sse::event(&g.usage_chunk(
             OBJECT,
-            usage(prompt_tokens, g.max_new * n_prompts, cached),
+            usage(g.cache_report, prompt_tokens, g.max_new * n_prompts, cached),
         )))
     })
     .filter_map(|e| async move { e.map(Ok) });
@@ -437,7 +459,7 @@ pub async fn embeddings(
     let body = parse_object(&body)?;
     let input = field(&body, "input").ok_or_else(|| ApiError::bad("input is required"))?;
     let (prompts, _batch) = request::prompts("input", input)?;
-    let rank = request::dp_rank(&body, "data_parallel_rank")?;
+    let rank = state.ranks(&body)?.run;
     let model = request::model(&body, &state.config.model_path);
     state.control.wait_unstalled().await;
 

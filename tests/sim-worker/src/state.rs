@@ -2,7 +2,7 @@
 
 use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::bootstrap::{self, Kv, Rooms};
 use crate::control::Control;
@@ -10,9 +10,10 @@ use crate::disagg::{prompt_hash, DisaggregationMode, Handoff};
 use crate::engine::{Engine, Prefilled};
 use crate::error::ApiError;
 use crate::record::{RecordId, Recorder};
-use crate::request::{self, Body};
+use crate::request::Body;
 use crate::stats::{InFlight, KvEvent, Stats};
 use crate::tokens::Token;
+use crate::wire::{self, InfoRoutes, Ranks, WireProfile};
 
 /// Startup configuration of a simulated worker (the CLI flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +47,25 @@ pub struct SimConfig {
     /// `--disaggregation-timeout-ms`: how long a prefill waits for its room
     /// to be fetched, and a decode for its room to be published.
     pub disaggregation_timeout_ms: u64,
+    /// `--wire-profile`: which DP-rank fields it reads (see [`crate::wire`]).
+    pub wire_profile: WireProfile,
+    /// `--sglang-version`: the version reported; `None`: the profile's.
+    pub version: Option<String>,
+    /// `--info-routes`: which server and model info routes exist.
+    pub info_routes: InfoRoutes,
+    /// `--enable-cache-report`: `usage.prompt_tokens_details.cached_tokens`
+    /// in OpenAI answers (SGLang's flag, off by default there too; native
+    /// `meta_info.cached_tokens` is always reported).
+    pub enable_cache_report: bool,
+    /// `--health-delay-ms`: how long a `/health` takes (SGLang's runs a
+    /// one-token generate and looks for output after a one-second sleep).
+    pub health_delay_ms: u64,
+    /// `--health-timeout-ms`: how long a `/health` of a stalled worker
+    /// waits before it answers 503 (SGLang's `SGLANG_HEALTH_CHECK_TIMEOUT`).
+    pub health_timeout_ms: u64,
+    /// `--startup-ms`: how long after the start `/health` answers 503, as
+    /// SGLang's does while the server is starting.
+    pub startup_ms: u64,
 }
 
 impl Default for SimConfig {
@@ -63,7 +83,23 @@ impl Default for SimConfig {
             disaggregation_mode: DisaggregationMode::Null,
             disaggregation_bootstrap_port: 8998,
             disaggregation_timeout_ms: 5000,
+            wire_profile: WireProfile::default(),
+            version: None,
+            info_routes: InfoRoutes::default(),
+            enable_cache_report: false,
+            health_delay_ms: 1000,
+            health_timeout_ms: 20_000,
+            startup_ms: 0,
         }
+    }
+}
+
+impl SimConfig {
+    /// The version the info routes report.
+    pub fn reported_version(&self) -> &str {
+        self.version
+            .as_deref()
+            .unwrap_or(self.wire_profile.default_version())
     }
 }
 
@@ -88,6 +124,8 @@ pub struct Shared {
     pub rooms: Rooms,
     /// Client for fetching KV from prefill workers (used in decode mode).
     pub client: reqwest::Client,
+    /// When the worker started (`--startup-ms` counts from here).
+    pub started: Instant,
 }
 
 impl Deref for AppState {
@@ -120,6 +158,7 @@ impl AppState {
             stats: Arc::new(Stats::new(dp_size)),
             rooms: Rooms::default(),
             client: reqwest::Client::new(),
+            started: Instant::now(),
         }))
     }
 
@@ -128,14 +167,20 @@ impl AppState {
         Duration::from_millis(self.config.disaggregation_timeout_ms)
     }
 
-    /// The DP rank a request asks for: `data_parallel_rank`, or on a decode
-    /// worker `data_parallel_rank_decode` (the router sends both to decode
-    /// workers; the first names the prefill's rank).
-    pub fn requested_rank(&self, body: &Body) -> Result<Option<i64>, ApiError> {
-        match self.config.disaggregation_mode {
-            DisaggregationMode::Decode => request::dp_rank(body, "data_parallel_rank_decode"),
-            _ => request::dp_rank(body, "data_parallel_rank"),
+    /// The DP ranks a request names, read as this worker's profile reads
+    /// them (see [`crate::wire::ranks`]); a use of the deprecated
+    /// `data_parallel_rank` on an upstream worker is counted.
+    pub fn ranks(&self, body: &Body) -> Result<Ranks, ApiError> {
+        let ranks = wire::ranks(
+            self.config.wire_profile,
+            self.config.disaggregation_mode,
+            body,
+        )?;
+        if ranks.deprecated {
+            tracing::debug!("'data_parallel_rank' is deprecated, use 'routed_dp_rank' instead.");
+            self.stats.deprecated_dp_rank();
         }
+        Ok(ranks)
     }
 
     /// The [`Handoff`]s of the `n` sequences of a generate-like `body`.
@@ -161,22 +206,36 @@ impl AppState {
     /// Brings one sequence of a generate-like request to the point where it
     /// can decode: prefilled here, plus (on a prefill worker) its KV fetched
     /// by a decode worker, or (on a decode worker) fetched from the prefill
-    /// worker. `rank` is [`AppState::requested_rank`]; `max_new` is what
+    /// worker. `ranks` is [`AppState::ranks`]; `max_new` is what
     /// [`AppState::to_generate`] says.
     pub async fn start_sequence(
         &self,
         record: Option<RecordId>,
         handoff: &Handoff,
-        rank: Option<i64>,
+        ranks: &Ranks,
         rid: &str,
         tokens: &[Token],
         max_new: usize,
     ) -> Result<Prefilled, ApiError> {
-        let rank = handoff.rank(rank, self.config.dp_size);
+        let rank = handoff.rank(ranks.run, self.config.dp_size);
         match handoff {
             Handoff::Local => Ok(self.prefill(record, rank, tokens, max_new).await),
             Handoff::Publish { room } => {
-                let p = self.prefill(record, rank, tokens, max_new).await;
+                let rank = self.engine.pick_rank(rank);
+                let conflict = wire::room_conflict(
+                    self.config.wire_profile,
+                    ranks,
+                    rank,
+                    *room,
+                    self.config.dp_size,
+                );
+                if let Some(reason) = conflict {
+                    self.stats.kv(KvEvent::Failed);
+                    return Err(ApiError::KvTransfer(reason));
+                }
+                let p = self
+                    .prefill(record, i64::try_from(rank).ok(), tokens, max_new)
+                    .await;
                 let kv = Kv {
                     bootstrap_room: *room,
                     rid: rid.to_string(),
@@ -205,10 +264,15 @@ impl AppState {
                 let admitted =
                     self.engine
                         .admit(self.engine.pick_rank(rank), tokens.len(), max_new);
-                let fetched =
-                    bootstrap::fetch_remote(&self.client, host, *port, *room, self.timeout())
-                        .await
-                        .and_then(|kv| check_kv(&kv, *room, tokens));
+                let at = bootstrap::Source {
+                    host,
+                    port: *port,
+                    room: *room,
+                    prefill_rank: ranks.prefill,
+                };
+                let fetched = bootstrap::fetch_remote(&self.client, &at, self.timeout())
+                    .await
+                    .and_then(|kv| check_kv(&kv, *room, tokens));
                 if let Err(reason) = fetched {
                     self.stats.kv(KvEvent::Failed);
                     tracing::debug!(room, host, port, reason, "KV fetch failed");

@@ -20,6 +20,9 @@ pub struct Stats {
     kv_fetched: AtomicU64,
     kv_failed: AtomicU64,
     kv_fetched_by_rank: Vec<AtomicU64>,
+    /// Requests that named their rank with the deprecated
+    /// `data_parallel_rank` (upstream profile; SGLang warns on each).
+    deprecated_dp_rank: AtomicU64,
     /// Completed TLS handshakes by the SNI the client sent (`""`: none).
     tls_handshakes: Mutex<BTreeMap<String, u64>>,
     tls_handshake_failures: AtomicU64,
@@ -55,6 +58,7 @@ impl Stats {
             kv_fetched: AtomicU64::new(0),
             kv_failed: AtomicU64::new(0),
             kv_fetched_by_rank: (0..dp_size).map(|_| AtomicU64::new(0)).collect(),
+            deprecated_dp_rank: AtomicU64::new(0),
             tls_handshakes: Mutex::new(BTreeMap::new()),
             tls_handshake_failures: AtomicU64::new(0),
         }
@@ -73,6 +77,11 @@ impl Stats {
     /// is required, or a client that does not trust the worker).
     pub fn tls_handshake_failed(&self) {
         self.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request naming its rank with the deprecated field.
+    pub fn deprecated_dp_rank(&self) {
+        self.deprecated_dp_rank.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a KV handoff event.
@@ -130,6 +139,7 @@ impl Stats {
             "kv_failed": self.kv_failed.load(Ordering::Relaxed),
             "kv_fetched_by_rank": load(&self.kv_fetched_by_rank),
             "kv_rooms_open": kv_rooms_open,
+            "deprecated_dp_rank": self.deprecated_dp_rank.load(Ordering::Relaxed),
             "tls_handshakes": self.tls_handshakes.lock().clone(),
             "tls_handshake_failures": self.tls_handshake_failures.load(Ordering::Relaxed),
         })

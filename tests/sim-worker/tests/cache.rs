@@ -22,7 +22,11 @@ async fn generate(sim: &Sim, text: &str, rank: Option<u64>) -> (Value, Duration)
 
 #[tokio::test]
 async fn shared_prefix_is_reported_cached() {
-    let sim = start(fast()).await;
+    let sim = start(SimConfig {
+        enable_cache_report: true,
+        ..fast()
+    })
+    .await;
     // 100 tokens of 4 bytes.
     let shared = "abcd".repeat(100);
     let (first, _) = generate(&sim, &format!("{shared}AAAA and more"), None).await;
@@ -167,4 +171,23 @@ async fn prefills_queue_per_rank() {
     let total = t.elapsed();
     assert!(total >= Duration::from_millis(245), "{total:?}");
     assert!(total < Duration::from_millis(450), "{total:?}");
+}
+
+/// Like SGLang, OpenAI answers report cached tokens only with
+/// `--enable-cache-report` (off by default); `meta_info` always has them.
+#[tokio::test]
+async fn cached_tokens_reach_openai_usage_only_with_the_cache_report() {
+    let sim = start(fast()).await;
+    let body =
+        json!({"max_tokens": 1, "messages": [{"role": "user", "content": "abcd".repeat(50)}]});
+    sim.post("/v1/chat/completions", body.clone()).await;
+    let (_, v) = sim.post("/v1/chat/completions", body).await;
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        v["usage"]["prompt_tokens_details"].is_null(),
+        "cached tokens reported without --enable-cache-report: {v}"
+    );
+    generate(&sim, &"efgh".repeat(50), None).await;
+    let (meta, _) = generate(&sim, &"efgh".repeat(50), None).await;
+    assert!(meta["cached_tokens"].as_u64().unwrap() > 0);
 }

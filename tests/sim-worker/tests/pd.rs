@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::{assert_error, fast, sse_events, start, Sim};
 use serde_json::{json, Value};
-use sglang_sim_worker::{DisaggregationMode, SimConfig};
+use sglang_sim_worker::{DisaggregationMode, SimConfig, WireProfile};
 
 /// Timeout of the handshake in tests that expect it to fail.
 const SHORT_MS: u64 = 300;
@@ -37,8 +37,17 @@ async fn bootstrap_port(sim: &Sim) -> u16 {
 }
 
 async fn pd(timeout_ms: u64, dp_size: usize) -> Pd {
-    let prefill = start(config(DisaggregationMode::Prefill, timeout_ms, dp_size)).await;
-    let decode = start(config(DisaggregationMode::Decode, timeout_ms, dp_size)).await;
+    pd_speaking(WireProfile::default(), timeout_ms, dp_size).await
+}
+
+/// [`pd`] with both workers speaking `profile`.
+async fn pd_speaking(profile: WireProfile, timeout_ms: u64, dp_size: usize) -> Pd {
+    let with = |mode| SimConfig {
+        wire_profile: profile,
+        ..config(mode, timeout_ms, dp_size)
+    };
+    let prefill = start(with(DisaggregationMode::Prefill)).await;
+    let decode = start(with(DisaggregationMode::Decode)).await;
     let port = bootstrap_port(&prefill).await;
     Pd {
         prefill,
@@ -475,8 +484,8 @@ impl Pd {
 }
 
 #[tokio::test]
-async fn ranks_follow_explicit_fields_or_the_room() {
-    let p = pd(5000, 4).await;
+async fn seeds_ranks_follow_explicit_fields_or_the_room() {
+    let p = pd_speaking(WireProfile::Seeds, 5000, 4).await;
     let body = json!({"text": "abcd", "sampling_params": {"max_new_tokens": 1}});
     // room % 4 == 2 on both sides.
     p.pair("/generate", &body, 4 * 1000 + 2).await;
@@ -734,4 +743,48 @@ async fn binary_prints_both_listening_lines() {
     let r = reqwest::get(format!("{boot_url}/health")).await.unwrap();
     assert_eq!(r.status(), 200);
     child.kill().await.unwrap();
+}
+
+/// Current SGLang: a request runs on `routed_dp_rank`; the decode finds its
+/// KV on prefill rank `disagg_prefill_dp_rank`; a prefill rank that
+/// contradicts the room (room % dp_size) without that field fails.
+#[tokio::test]
+async fn upstream_ranks_follow_routed_and_disagg_prefill_fields() {
+    let p = pd_speaking(WireProfile::Upstream, 5000, 4).await;
+    let body = json!({"prompt": "abcd", "max_tokens": 1});
+    // Prefill on rank 2 (room % 4 == 2 agrees), decode on rank 3 fetching
+    // from prefill rank 2.
+    let mut prefill = with_bootstrap(&body, "127.0.0.1", json!(p.port), json!(4 * 1000 + 2));
+    prefill["routed_dp_rank"] = json!(2);
+    let mut decode = prefill.clone();
+    decode["routed_dp_rank"] = json!(3);
+    decode["disagg_prefill_dp_rank"] = json!(2);
+    let ((ps, pv), (ds, dv)) = p.send("/v1/completions", prefill, decode).await;
+    assert_eq!((ps, ds), (200, 200), "{pv} {dv}");
+    let (pst, dst) = (p.prefill.stats().await, p.decode.stats().await);
+    assert_eq!(pst["by_rank"], json!([0, 0, 1, 0]), "{pst}");
+    assert_eq!(dst["by_rank"], json!([0, 0, 0, 1]), "{dst}");
+    // The KV came from prefill rank 2.
+    assert_eq!(pst["kv_fetched_by_rank"], json!([0, 0, 1, 0]), "{pst}");
+    // The seeds' decode field means nothing to current SGLang: the decode
+    // runs on routed_dp_rank.
+    let mut prefill = with_bootstrap(&body, "127.0.0.1", json!(p.port), json!(4 * 1000 + 1));
+    prefill["routed_dp_rank"] = json!(1);
+    let mut decode = prefill.clone();
+    decode["data_parallel_rank_decode"] = json!(0);
+    let ((ps, _), (ds, _)) = p.send("/v1/completions", prefill, decode).await;
+    assert_eq!((ps, ds), (200, 200));
+    assert_eq!(p.decode.stats().await["by_rank"], json!([0, 1, 0, 1]));
+    // A prefill rank that contradicts the room fails the prefill.
+    let mut prefill = with_bootstrap(&body, "127.0.0.1", json!(p.port), json!(4 * 1000 + 2));
+    prefill["routed_dp_rank"] = json!(1);
+    let (status, v) = p.prefill.post("/v1/completions", prefill).await;
+    assert_eq!(status.as_u16(), 500, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("follow_bootstrap_room"),
+        "{v}"
+    );
 }
