@@ -17,6 +17,19 @@ pub use tls::{envoy_tls_env, WorkerTls};
 
 use std::time::Duration;
 
+/// The repository's root directory.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repository root")
+}
+
+/// A file of the repository, by its path from the root.
+pub fn read_repo_file(rel: &str) -> String {
+    std::fs::read_to_string(repo_root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
 /// Asserts `r` is an OpenAI-shaped JSON error with `status` and returns its
 /// message: `{"error":{"message","type","param","code"}}`.
 pub async fn expect_openai_error(r: reqwest::Response, status: u16) -> String {

@@ -7,25 +7,21 @@ use serde_json::Value;
 
 use crate::process::{free_port, Proc};
 use crate::tls::{envoy_tls_env, WorkerTls};
-use crate::wait_until;
+use crate::{repo_root, wait_until};
 
 static STACKS: AtomicUsize = AtomicUsize::new(0);
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn release_bin(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"));
+        .unwrap_or_else(|| repo_root().join("target"));
     target.join("release").join(name)
 }
 
 fn envoy_bin() -> PathBuf {
     std::env::var_os("SGLANG_ENVOY_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/envoy"))
+        .unwrap_or_else(|| repo_root().join(".venv/bin/envoy"))
 }
 
 /// How requests get from Envoy to the control plane: the wasm filter
@@ -407,12 +403,12 @@ impl Stack {
         let (port, envoy_admin) = (free_port(), free_port());
         // The same renderer as the quick start and docker compose.
         let template_path = FrontDoor::current().template();
-        let wasm = root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
+        let wasm = repo_root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
         let config_path = dir.join("envoy.yaml");
         let rendered = std::process::Command::new("sh")
-            .arg(root().join("envoy/render.sh"))
+            .arg(repo_root().join("envoy/render.sh"))
             .arg(&config_path)
-            .env("ENVOY_TEMPLATE", root().join(template_path))
+            .env("ENVOY_TEMPLATE", repo_root().join(template_path))
             .env("LISTEN_HOST", "127.0.0.1")
             .env("LISTEN_PORT", port.to_string())
             .env("ENVOY_ADMIN_PORT", envoy_admin.to_string())
@@ -539,6 +535,26 @@ impl Stack {
             !loads.is_empty() && loads.iter().all(|(_, l)| *l == 0)
         })
         .await
+    }
+
+    /// The control plane's Prometheus text.
+    pub async fn metrics(&self) -> String {
+        let r = reqwest::get(format!("{}/metrics", self.admin)).await;
+        match r {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// A metric of the control plane, summed over its labels (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter(|l| l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     /// One counter or gauge of Envoy's stats (`None` when Envoy has none

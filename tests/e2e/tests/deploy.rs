@@ -17,14 +17,11 @@ use serde::Deserialize;
 use serde_yaml::Value;
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repository root")
+    sglang_envoy_e2e::repo_root()
 }
 
 fn read(rel: &str) -> String {
-    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    sglang_envoy_e2e::read_repo_file(rel)
 }
 
 /// Every YAML document of a file (`---` separated), each required to parse.

@@ -32,20 +32,6 @@ async fn circuit(stack: &Stack, worker: &SimWorker) -> String {
         .unwrap_or_default()
 }
 
-/// A counter of the control plane's metrics (summed over its labels).
-async fn metric(stack: &Stack, name: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", stack.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test]
 async fn a_worker_answering_500_fails_no_request_and_its_circuit_opens() {
     let stack = Stack::start(StackOptions {
@@ -74,7 +60,7 @@ async fn a_worker_answering_500_fails_no_request_and_its_circuit_opens() {
     assert_eq!(circuit(&stack, good).await, "closed");
     // Each failure was retried once, on the good worker.
     assert_eq!(
-        metric(&stack, "sgl_router_retries_total").await,
+        stack.metric("sgl_router_retries_total").await,
         failures as f64
     );
     // Its health checks still pass: health and circuit are separate.
