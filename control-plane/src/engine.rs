@@ -432,6 +432,19 @@ impl Engine {
         self.prefill.wait(ticket).await
     }
 
+    /// Records what a request's attempts say about their workers as soon as
+    /// its answer starts with a failure, before the client sees it (and
+    /// sends its next request). Its end, reported later, records nothing
+    /// more.
+    pub fn record_outcome(&self, c: &Completion) {
+        let Some(plan) = self.tickets.take_plan(c.ticket) else {
+            return;
+        };
+        for (tried, ok) in retry::outcomes(&plan, c) {
+            self.registry.record_outcome(&tried, ok);
+        }
+    }
+
     /// Releases a finished request's load. Returns the worker when Envoy had
     /// to fail over away from it, so the caller can check its health.
     pub fn complete(&self, c: &Completion) -> Option<Arc<Worker>> {

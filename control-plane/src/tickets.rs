@@ -73,6 +73,16 @@ impl Tickets {
         }
     }
 
+    /// The attempt plan of open `ticket`, taken (so that its outcome is
+    /// recorded once: the end then finds an empty plan).
+    pub fn take_plan(&self, ticket: u64) -> Option<Vec<Arc<Worker>>> {
+        let mut slot = self.slots.get_mut(&ticket)?;
+        match slot.value_mut() {
+            Slot::Open { request, .. } => Some(std::mem::take(&mut request.plan)),
+            Slot::Ended { .. } => None,
+        }
+    }
+
     /// Ends `ticket`; returns the request the caller must release.
     pub fn close(&self, ticket: u64) -> Option<Counted> {
         match self.slots.entry(ticket) {

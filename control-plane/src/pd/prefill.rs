@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use sglang_envoy_body::prefill_input_logprobs;
+use sglang_envoy_body::{is_worker_failure, prefill_input_logprobs};
 use sglang_envoy_proto::PrefillOutcome;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -92,9 +92,7 @@ impl PrefillDispatcher {
                 warn!(worker = %job.worker.url, status = outcome.http_status, message = %outcome.message, "prefill failed");
             }
             // A client error (4xx but 408 and 429) is not the worker's.
-            let status = outcome.http_status;
-            let worker_failed =
-                !outcome.ok && (status == 0 || status >= 500 || status == 408 || status == 429);
+            let worker_failed = !outcome.ok && is_worker_failure(outcome.http_status);
             registry.record_outcome(&job.worker, !worker_failed);
             drop(guard);
             let _ = tx.send(Some(outcome));
