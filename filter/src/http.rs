@@ -15,7 +15,7 @@ use sglang_envoy_body::{
 };
 use sglang_envoy_proto::{
     route_response, Completion, Decision, Header, PrefillEndpoint, PrefillOutcome, PrefillWait,
-    RouteRequest, RouteResponse, SERVICE_NAME,
+    RouteRequest, RouteResponse, ROUTING_KEY_HEADER, SERVICE_NAME,
 };
 
 use crate::body_wait::BodyWaits;
@@ -148,6 +148,9 @@ impl Request {
             method: self.method.clone(),
             request_id: self
                 .get_http_request_header("x-request-id")
+                .unwrap_or_default(),
+            routing_key: self
+                .get_http_request_header(ROUTING_KEY_HEADER)
                 .unwrap_or_default(),
             body_bytes: self.body_bytes as u64,
             ticket: self.ticket,
