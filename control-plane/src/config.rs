@@ -22,6 +22,25 @@ pub enum PolicyKind {
     /// start soonest, weighing the prefill its cache saves against the
     /// prefill work queued on it (see docs/cost-aware-policy.md).
     CostAware,
+    /// sglang-router's sticky sessions: requests with the same
+    /// `X-SMG-Routing-Key` header go to the same worker (another one only
+    /// while it is unhealthy); requests without it as `--assignment-mode`.
+    Manual,
+}
+
+/// How the `manual` policy picks a worker for a routing key it has not
+/// seen (or whose workers are all unhealthy), and for requests without a
+/// key (sglang-router 0.3.2's `--assignment-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum AssignmentMode {
+    /// Uniformly random healthy worker.
+    Random,
+    /// The healthy worker with the fewest requests in flight (ties at random).
+    MinLoad,
+    /// The healthy worker with the fewest distinct routing keys among its
+    /// requests in flight (ties at random).
+    MinGroup,
 }
 
 /// The control plane's flags.
@@ -97,7 +116,17 @@ pub struct Args {
     #[arg(long, default_value_t = 0.5)]
     pub cost_queue_weight: f64,
 
-    /// Seconds between LRU evictions of the approximate trees.
+    /// manual: a routing key not seen for this long is forgotten (checked
+    /// every --eviction-interval-secs; 0 keeps keys forever).
+    #[arg(long, default_value_t = 14400)]
+    pub max_idle_secs: u64,
+
+    /// manual: how a new routing key, or a request without one, gets its worker.
+    #[arg(long, value_enum, default_value = "random")]
+    pub assignment_mode: AssignmentMode,
+
+    /// Seconds between LRU evictions of the approximate trees (and of the
+    /// manual policy's idle routing keys).
     #[arg(long, default_value_t = 60)]
     pub eviction_interval_secs: u64,
 
@@ -306,6 +335,8 @@ mod tests {
         assert_eq!(a.max_tree_size, 67_108_864);
         assert_eq!(a.health_check_interval_secs, 60);
         assert_eq!(a.health_failure_threshold, 3);
+        assert_eq!(a.max_idle_secs, 14400);
+        assert_eq!(a.assignment_mode, AssignmentMode::Random);
         assert!(a.validate().is_ok());
     }
 
@@ -369,6 +400,31 @@ mod tests {
         assert!(bad.validate().is_err());
         let no_pd = Args::parse_from(["cp", "--decode", "http://d:1"]);
         assert!(no_pd.validate().is_err());
+    }
+
+    #[test]
+    fn manual_policy_flags_as_sglang_router_takes_them() {
+        let a = Args::parse_from([
+            "cp",
+            "--policy",
+            "manual",
+            "--assignment-mode",
+            "min_group",
+            "--max-idle-secs",
+            "60",
+        ]);
+        assert_eq!(a.policy, PolicyKind::Manual);
+        assert_eq!(a.assignment_mode, AssignmentMode::MinGroup);
+        assert_eq!(a.max_idle_secs, 60);
+        let pd = Args::parse_from([
+            "cp",
+            "--prefill-policy",
+            "manual",
+            "--decode-policy",
+            "manual",
+        ]);
+        assert_eq!(pd.prefill_policy, Some(PolicyKind::Manual));
+        assert!(Args::try_parse_args(["cp", "--assignment-mode", "bucket"]).is_err());
     }
 
     #[test]

@@ -16,7 +16,8 @@ use tracing::debug;
 use crate::metrics::Metrics;
 use crate::pd::{self, PrefillDispatcher, PrefillJob, RidSource};
 use crate::policy::{least_loaded, Policy, RouteInput};
-use crate::tickets::Tickets;
+use crate::routing_key::RoutingKey;
+use crate::tickets::{Held, Tickets};
 use crate::workers::{
     AddressError, AddressPolicy, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerSpec,
 };
@@ -195,14 +196,12 @@ impl Engine {
             return self.no_workers(Role::Regular);
         }
 
-        let input = RouteInput {
-            text: &req.routing_text,
-        };
+        let input = route_input(req);
         let selection = self.policies.regular.select(&serving, &input);
         let Some(worker) = serving.get(selection.index) else {
             return reject(503, "service_unavailable", "no worker could be chosen");
         };
-        self.count(worker, req.ticket, selection.work);
+        self.count(worker, req.ticket, selection.work, input.routing_key);
         self.metrics
             .decided(route.path(), selection.cache, elapsed(started));
         debug!(path = %req.path, worker = %worker.url, cache = ?selection.cache, "routed");
@@ -236,9 +235,7 @@ impl Engine {
         if decodes.is_empty() {
             return self.no_workers(Role::Decode);
         }
-        let input = RouteInput {
-            text: &req.routing_text,
-        };
+        let input = route_input(req);
         let p = self.policies.prefill.select(&prefills, &input);
         let d = self.policies.decode.select(decodes, &input);
         let (Some(prefill), Some(decode)) = (prefills.get(p.index), decodes.get(d.index)) else {
@@ -250,7 +247,7 @@ impl Engine {
             Err(e) => return reject(400, "invalid_request_error", &e.to_string()),
         };
         let want_logprobs = pd::wants_input_logprobs(route, &body);
-        self.count(decode, req.ticket, d.work);
+        self.count(decode, req.ticket, d.work, input.routing_key);
         self.prefill.dispatch(
             req.ticket,
             PrefillJob {
@@ -264,6 +261,7 @@ impl Engine {
                 body: prefill_body,
                 want_logprobs,
                 work: p.work,
+                routing_key: input.routing_key,
             },
         );
         self.metrics
@@ -277,13 +275,16 @@ impl Engine {
         response
     }
 
-    /// Counts a request (and its estimated `work`) on `worker` until
-    /// `ticket` is reported finished.
-    fn count(&self, worker: &Arc<Worker>, ticket: u64, work: u64) {
-        worker.start(work);
-        if ticket == 0 || !self.tickets.open(ticket, worker.clone(), work) {
-            // No ticket to report the end with, or the end came first.
-            worker.finish(work);
+    /// Counts a request (its estimated `work`, its routing key) on `worker`
+    /// until `ticket` is reported finished.
+    fn count(&self, worker: &Arc<Worker>, ticket: u64, work: u64, key: Option<RoutingKey>) {
+        let held = Held::start(worker.clone(), work, key);
+        if ticket == 0 {
+            // No ticket to report the end with.
+            held.release();
+        } else {
+            // Released at once if the end came first.
+            self.tickets.open(ticket, held);
         }
     }
 
@@ -375,8 +376,9 @@ impl Engine {
         if self.options.pd {
             self.prefill.finish(c.ticket);
         }
-        let (worker, work) = self.tickets.close(c.ticket)?;
-        worker.finish(work);
+        let held = self.tickets.close(c.ticket)?;
+        held.release();
+        let worker = held.worker;
         let failed_over = !c.upstream_host.is_empty() && c.upstream_host != worker.endpoint_text;
         self.metrics
             .finished(c.duration_us as f64 / 1e6, failed_over);
@@ -446,6 +448,14 @@ impl Engine {
     }
 }
 
+/// What the policies see of a question.
+fn route_input(req: &RouteRequest) -> RouteInput<'_> {
+    RouteInput {
+        text: &req.routing_text,
+        routing_key: RoutingKey::from_header(&req.routing_key),
+    }
+}
+
 fn elapsed(started: Instant) -> f64 {
     started.elapsed().as_secs_f64()
 }
@@ -484,18 +494,25 @@ pub(crate) mod tests {
         options: EngineOptions,
         servers: &[(u16, WorkerSpec, Option<u32>)],
     ) -> Engine {
+        engine_with_policies(
+            options,
+            servers,
+            Policies::same(Arc::new(RoundRobin::default())),
+        )
+    }
+
+    /// Like [`engine_with`], with these policies.
+    fn engine_with_policies(
+        options: EngineOptions,
+        servers: &[(u16, WorkerSpec, Option<u32>)],
+        policies: Policies,
+    ) -> Engine {
         let registry = Arc::new(Registry::default());
         for (port, spec, dp) in servers {
             let units = registry.add(address(*port), *spec, *dp).unwrap();
             registry.set_healthy(&units[0], true);
         }
-        Engine::new(
-            registry,
-            Policies::same(Arc::new(RoundRobin::default())),
-            Arc::new(Metrics::default()),
-            options,
-        )
-        .unwrap()
+        Engine::new(registry, policies, Arc::new(Metrics::default()), options).unwrap()
     }
 
     fn engine(n: u16) -> Engine {
@@ -601,6 +618,130 @@ pub(crate) mod tests {
             4,
             "round robin visits every rank of every server"
         );
+    }
+
+    fn manual() -> Arc<dyn Policy> {
+        Arc::new(crate::policy::Manual::new(crate::policy::ManualConfig {
+            max_idle: Duration::from_secs(60),
+            assignment: crate::config::AssignmentMode::Random,
+        }))
+    }
+
+    fn keyed(key: &str, ticket: u64, body: &[u8]) -> RouteRequest {
+        RouteRequest {
+            path: "/generate".into(),
+            method: "POST".into(),
+            routing_text: b"hello".to_vec(),
+            routing_key: key.into(),
+            body: body.to_vec(),
+            ticket,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn manual_policy_keeps_each_key_on_one_dp_rank_and_counts_its_key() {
+        let e = engine_with_policies(
+            EngineOptions::default(),
+            &[
+                (1, WorkerSpec::REGULAR, Some(4)),
+                (2, WorkerSpec::REGULAR, Some(4)),
+            ],
+            Policies::same(manual()),
+        );
+        let mut ranks = std::collections::HashMap::new();
+        let mut ticket = 0;
+        for k in 0..16 {
+            let key = format!("session-{k}");
+            ticket += 1;
+            let first = decision(e.route(&keyed(&key, ticket, b"")));
+            let keys_here = ranks.entry(first.worker_url.clone()).or_insert(0);
+            *keys_here += 1;
+            let unit = e.registry().get(&first.worker_url).unwrap();
+            assert_eq!(
+                unit.routing_keys(),
+                *keys_here,
+                "each key in flight is counted once on its unit"
+            );
+            for _ in 0..3 {
+                ticket += 1;
+                let d = decision(e.route(&keyed(&key, ticket, b"")));
+                assert_eq!(d.worker_url, first.worker_url, "{key} moved");
+                assert_eq!(d.inject, first.inject, "same rank injected");
+            }
+        }
+        assert!(ranks.len() >= 4, "16 keys on {} of 8 ranks", ranks.len());
+        for t in 1..=ticket {
+            e.complete(&Completion {
+                ticket: t,
+                http_status: 200,
+                ..Default::default()
+            });
+        }
+        assert!(e
+            .registry()
+            .all()
+            .iter()
+            .all(|w| w.routing_keys() == 0 && w.load() == 0));
+    }
+
+    #[tokio::test]
+    async fn manual_policy_keeps_a_key_on_its_prefill_and_decode_pair() {
+        // Each prefill server tells itself apart by its bootstrap port.
+        let prefill = |port| WorkerSpec {
+            role: Role::Prefill,
+            bootstrap_port: Some(port),
+        };
+        let decode = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        let e = engine_with_policies(
+            EngineOptions {
+                pd: true,
+                ..Default::default()
+            },
+            &[
+                (1, prefill(9001), None),
+                (2, prefill(9002), None),
+                (3, decode, None),
+                (4, decode, None),
+                (5, decode, None),
+            ],
+            Policies {
+                regular: manual(),
+                prefill: manual(),
+                decode: manual(),
+            },
+        );
+        let body = br#"{"text":"hello"}"#;
+        let (mut decodes, mut prefills) = (
+            std::collections::HashSet::new(),
+            std::collections::HashSet::new(),
+        );
+        for k in 0..12 {
+            let key = format!("s{k}");
+            let first = decision(e.route(&keyed(&key, 100 + k, body)));
+            let prefill_port = |d: &Decision| {
+                d.inject
+                    .iter()
+                    .find(|f| f.key == "bootstrap_port")
+                    .map(|f| f.json_value.clone())
+            };
+            for i in 0..3 {
+                let d = decision(e.route(&keyed(&key, 1000 + k * 10 + i, body)));
+                assert_eq!(d.worker_url, first.worker_url, "decode of {key} moved");
+                assert_eq!(
+                    prefill_port(&d),
+                    prefill_port(&first),
+                    "prefill of {key} moved"
+                );
+            }
+            prefills.insert(prefill_port(&first));
+            decodes.insert(first.worker_url);
+        }
+        assert!(decodes.len() >= 2, "12 keys on one decode worker");
+        assert_eq!(prefills.len(), 2, "12 keys on one prefill worker");
     }
 
     fn pd_engine() -> Engine {

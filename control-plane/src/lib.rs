@@ -3,8 +3,8 @@
 //!
 //! Data flow: the filter's `Route` call (`service`) reaches the `engine`,
 //! which reads the healthy `workers` snapshot, asks the `policy` (which may
-//! consult the radix `tree`), counts load under the request's ticket
-//! (`tickets`) and answers; `Complete` releases the load. `xds` publishes the
+//! consult the radix `tree` or the client's `routing_key`), counts load
+//! under the request's ticket (`tickets`) and answers; `Complete` releases the load. `xds` publishes the
 //! workers to Envoy, `admin` changes them, `metrics` reports on all of it.
 //! In PD mode the engine also builds the bootstrap fields and sends the
 //! prefill half itself (`pd`), and the filter waits for it (`AwaitPrefill`).
@@ -20,6 +20,7 @@ pub mod ext_proc;
 pub mod metrics;
 pub mod pd;
 pub mod policy;
+pub mod routing_key;
 pub mod service;
 pub mod tickets;
 pub mod tree;
