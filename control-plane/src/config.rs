@@ -89,8 +89,10 @@ pub struct Args {
     #[arg(long)]
     pub dp_aware: bool,
 
-    /// How long to keep trying to read a worker's `dp_size` at startup.
-    #[arg(long, default_value_t = 600)]
+    /// How long a worker that cannot be registered yet (its host name does
+    /// not resolve; with --dp-aware, it does not tell its dp_size) keeps
+    /// being tried.
+    #[arg(long, default_value_t = 1800)]
     pub worker_startup_timeout_secs: u64,
 
     /// Prefix match rate (0..1) above which cache_aware sends a request to the

@@ -19,7 +19,8 @@ use crate::policy::{least_loaded, Policy, RouteInput};
 use crate::routing_key::RoutingKey;
 use crate::tickets::{Held, Tickets};
 use crate::workers::{
-    AddressError, AddressPolicy, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerSpec,
+    AddressError, AddressPolicy, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerId,
+    WorkerSpec,
 };
 
 /// Why an admin change to the worker set failed.
@@ -37,6 +38,17 @@ pub enum WorkerChangeError {
     /// `--dp-aware` needs the worker's `dp_size`, and it could not be read.
     #[error("cannot read dp_size of {0}: {1}")]
     DpSize(String, String),
+}
+
+impl WorkerChangeError {
+    /// The worker cannot be reached yet (its host name does not resolve, or
+    /// it does not tell its `dp_size`): trying again later may succeed.
+    pub fn is_not_ready(&self) -> bool {
+        matches!(
+            self,
+            WorkerChangeError::Address(AddressError::Resolve(..)) | WorkerChangeError::DpSize(..)
+        )
+    }
 }
 
 /// The policies of each role.
@@ -390,13 +402,10 @@ impl Engine {
         failed_over.then_some(worker)
     }
 
-    /// Registers a server: one routing unit, or one per DP rank with
-    /// `--dp-aware`. The caller checks its health.
-    pub async fn add_worker(
-        &self,
-        url: &str,
-        spec: WorkerSpec,
-    ) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
+    /// What can be told of a worker without calling anything: that this
+    /// router's mode takes its role and that its URL is well formed.
+    /// Returns the normalised URL.
+    pub fn check_worker(&self, url: &str, spec: WorkerSpec) -> Result<String, WorkerChangeError> {
         let wanted = if self.options.pd {
             "prefill or decode"
         } else {
@@ -409,6 +418,18 @@ impl Engine {
                 spec.role.as_str()
             )));
         }
+        Ok(WorkerAddress::normalise(url)?.0)
+    }
+
+    /// Registers a server as `id`: one routing unit, or one per DP rank with
+    /// `--dp-aware`. The caller checks its health.
+    pub async fn add_worker(
+        &self,
+        url: &str,
+        spec: WorkerSpec,
+        id: WorkerId,
+    ) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
+        self.check_worker(url, spec)?;
         let address = WorkerAddress::resolve(url).await?;
         self.options.addresses.check(url, address.endpoint)?;
         if self.registry.contains(&address.url) {
@@ -422,7 +443,7 @@ impl Engine {
         } else {
             None
         };
-        Ok(self.registry.add(address, spec, dp_size)?)
+        Ok(self.registry.add_with_id(address, spec, dp_size, id)?)
     }
 
     /// Unregisters a server (all its units) and forgets its cache history.

@@ -4,6 +4,7 @@
 mod address;
 mod discovery;
 mod health;
+mod id;
 pub mod persist;
 mod registry;
 mod worker;
@@ -11,5 +12,6 @@ mod worker;
 pub use address::{identity, AddressError, AddressPolicy, WorkerAddress};
 pub use discovery::{dp_size, DiscoveryError};
 pub use health::HealthChecker;
+pub use id::{BadWorkerId, WorkerId};
 pub use registry::{Registry, RegistryError};
 pub use worker::{Health, Role, Worker, WorkerSpec};

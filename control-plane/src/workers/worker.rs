@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 
 use crate::routing_key::RoutingKey;
 use crate::tree::TenantId;
-use crate::workers::WorkerAddress;
+use crate::workers::{WorkerAddress, WorkerId};
 
 /// What a worker does in the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -72,6 +72,8 @@ pub struct Health {
 /// approximate radix tree, because each rank has its own KV cache and queue.
 #[derive(Debug)]
 pub struct Worker {
+    /// The server's id in the `/workers` API (shared by its DP ranks).
+    pub id: WorkerId,
     /// The unit's name: `http://host:port`, with `@rank` appended for a DP rank
     /// (sglang-router's convention).
     pub url: String,
@@ -101,8 +103,9 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A new unit; it starts unhealthy until a health check passes. Units of
-    /// one server share `health`.
+    /// A new unit with a fresh id; it starts unhealthy until a health check
+    /// passes. Units of one server share `health` (and, see
+    /// [`Worker::with_id`], their id).
     pub fn new(
         address: WorkerAddress,
         spec: WorkerSpec,
@@ -115,6 +118,7 @@ impl Worker {
             None => address.url.clone(),
         };
         Worker {
+            id: WorkerId::random(),
             endpoint_text: address.endpoint.to_string(),
             url,
             base_url: address.url,
@@ -129,6 +133,11 @@ impl Worker {
             processed: AtomicUsize::new(0),
             keys: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// This unit with `id` as its server's id.
+    pub fn with_id(self, id: WorkerId) -> Self {
+        Worker { id, ..self }
     }
 
     /// Regular or prefill or decode.

@@ -144,13 +144,24 @@ pub struct SimWorker {
     pub url: String,
     /// PD prefill workers: the port serving the KV cache to decode workers.
     pub bootstrap_port: Option<u16>,
+    port: u16,
+    args: Vec<String>,
+    dir: PathBuf,
+    starts: usize,
     proc: Proc,
 }
 
 impl SimWorker {
     /// Starts a simulated worker and waits for its `/health`.
     pub async fn start(dir: &Path, args: &[String]) -> anyhow::Result<SimWorker> {
-        let port = free_port();
+        let w = SimWorker::spawn(dir, free_port(), args)?;
+        w.wait_healthy(Duration::from_secs(20)).await?;
+        Ok(w)
+    }
+
+    /// Starts a simulated worker on `port` without waiting for it (a
+    /// worker that comes up after the router).
+    pub fn spawn(dir: &Path, port: u16, args: &[String]) -> anyhow::Result<SimWorker> {
         let mut all = vec!["--port".to_string(), port.to_string()];
         all.extend_from_slice(args);
         let proc = Proc::spawn(
@@ -159,16 +170,51 @@ impl SimWorker {
             &all,
             dir,
         )?;
-        let w = SimWorker {
+        Ok(SimWorker {
             url: format!("http://127.0.0.1:{port}"),
             bootstrap_port: None,
+            port,
+            args: args.to_vec(),
+            dir: dir.to_path_buf(),
+            starts: 1,
             proc,
-        };
-        let health = format!("{}/health", w.url);
-        if !wait_until(Duration::from_secs(20), || ok(&health)).await {
-            bail!("simulated worker {} did not become healthy", w.url);
+        })
+    }
+
+    /// Waits until the worker's `/health` answers 200.
+    pub async fn wait_healthy(&self, timeout: Duration) -> anyhow::Result<()> {
+        let health = format!("{}/health", self.url);
+        if !wait_until(timeout, || ok(&health)).await {
+            bail!("simulated worker {} did not become healthy", self.url);
         }
-        Ok(w)
+        Ok(())
+    }
+
+    /// Whether the worker's `/health` answers 200 now.
+    pub async fn is_up(&self) -> bool {
+        ok(&format!("{}/health", self.url)).await
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts the worker again (after [`SimWorker::kill`]) on the same
+    /// port with the same flags, without waiting for it. Its counters and
+    /// request log start empty.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.proc.kill();
+        self.starts += 1;
+        let mut all = vec!["--port".to_string(), self.port.to_string()];
+        all.extend_from_slice(&self.args);
+        self.proc = Proc::spawn(
+            &format!("worker-{}-{}", self.port, self.starts),
+            &release_bin("sglang-sim-worker"),
+            &all,
+            &self.dir,
+        )?;
+        Ok(())
     }
 
     /// Starts a PD worker (`mode` prefill or decode) whose bootstrap port

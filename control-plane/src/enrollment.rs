@@ -1,0 +1,262 @@
+//! Workers on their way in: a server is registered at once when it can be,
+//! and otherwise in the background, for as long as
+//! `--worker-startup-timeout-secs`, while it cannot be reached yet (its host
+//! name does not resolve, or, with `--dp-aware`, it does not answer
+//! `/get_server_info` with its `dp_size`). The `/workers` API shows those
+//! background registrations as sglang-router shows its jobs.
+//!
+//! A registered worker that is down is not a registration problem: it is
+//! registered unhealthy and the health checker admits it once it answers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use tracing::{debug, error, info, warn};
+
+use crate::engine::{Engine, WorkerChangeError};
+use crate::workers::{HealthChecker, RegistryError, Worker, WorkerId, WorkerSpec};
+
+/// First wait between two registration attempts; each retry waits a second
+/// longer, up to [`MAX_RETRY_DELAY`] (sglang-router's startup probe).
+const FIRST_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Longest wait between two registration attempts.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// Where a background registration stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Still trying.
+    Processing,
+    /// Gave up: the worker stayed unreachable for the startup timeout, or
+    /// turned out to be one the router cannot take.
+    Failed,
+}
+
+impl JobState {
+    /// sglang-router's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Processing => "processing",
+            JobState::Failed => "failed",
+        }
+    }
+}
+
+/// A background registration.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The id the worker gets once registered.
+    pub id: WorkerId,
+    /// Its URL, normalised.
+    pub url: String,
+    /// Its role and bootstrap port.
+    pub spec: WorkerSpec,
+    /// Still trying, or given up.
+    pub state: JobState,
+    /// Why the last attempt failed.
+    pub message: Option<String>,
+    /// When the job started or last changed state.
+    pub since: SystemTime,
+}
+
+/// What [`Enrollment::enroll`] did.
+#[derive(Debug)]
+pub enum Enrolled {
+    /// Registered now, under this id; the health checker admits it once
+    /// its health endpoint answers.
+    Registered(WorkerId, Vec<Arc<Worker>>),
+    /// Already registered under this URL, as this id: nothing changed.
+    Existing(WorkerId),
+    /// Being registered in the background, as this id.
+    Pending(WorkerId),
+}
+
+impl Enrolled {
+    /// The worker's id, whatever happened.
+    pub fn id(&self) -> WorkerId {
+        match self {
+            Enrolled::Registered(id, _) | Enrolled::Existing(id) | Enrolled::Pending(id) => *id,
+        }
+    }
+}
+
+/// Registers workers now or in the background, and keeps the background
+/// registrations' status.
+pub struct Enrollment {
+    engine: Arc<Engine>,
+    health: Arc<HealthChecker>,
+    timeout: Duration,
+    jobs: Mutex<HashMap<WorkerId, Job>>,
+}
+
+impl Enrollment {
+    /// Background registrations give up after `timeout`.
+    pub fn new(engine: Arc<Engine>, health: Arc<HealthChecker>, timeout: Duration) -> Arc<Self> {
+        Arc::new(Enrollment {
+            engine,
+            health,
+            timeout,
+            jobs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Registers the server at `url` as `id` (a fresh one when `None`):
+    /// now if it can be reached, else in the background. A URL registered
+    /// or being registered already keeps its id. Errors are requests this
+    /// router can never take (bad URL, wrong mode, forbidden address...).
+    pub async fn enroll(
+        self: &Arc<Self>,
+        url: &str,
+        spec: WorkerSpec,
+        id: Option<WorkerId>,
+    ) -> Result<Enrolled, WorkerChangeError> {
+        let normalised = self.engine.check_worker(url, spec)?;
+        if let Some(existing) = self.registered(&normalised) {
+            return Ok(Enrolled::Existing(existing));
+        }
+        let retried = {
+            let mut jobs = self.jobs.lock();
+            let same_url = jobs.values().find(|j| j.url == normalised).cloned();
+            match same_url {
+                Some(job) if job.state == JobState::Processing => {
+                    return Ok(Enrolled::Pending(job.id));
+                }
+                // Asked again after giving up: try again, under the same id.
+                Some(job) => jobs.remove(&job.id).map(|j| j.id),
+                None => None,
+            }
+        };
+        let id = retried.or(id).unwrap_or_else(WorkerId::random);
+        if !self.engine.options().dp_aware {
+            // Only a name lookup away: no reason to answer before it is done.
+            match self.engine.add_worker(url, spec, id).await {
+                Ok(units) => {
+                    self.admit(&units);
+                    return Ok(Enrolled::Registered(id, units));
+                }
+                Err(e) if e.is_not_ready() => {
+                    warn!(worker = %normalised, error = %e, "worker not reachable yet; registering it in the background");
+                }
+                Err(e) => return self.existing_or(&normalised, e),
+            }
+        }
+        self.start_job(Job {
+            id,
+            url: normalised,
+            spec,
+            state: JobState::Processing,
+            message: None,
+            since: SystemTime::now(),
+        });
+        Ok(Enrolled::Pending(id))
+    }
+
+    /// The background registration of `id`, if there is one.
+    pub fn job(&self, id: WorkerId) -> Option<Job> {
+        self.jobs.lock().get(&id).cloned()
+    }
+
+    /// Every background registration, running or failed.
+    pub fn jobs(&self) -> Vec<Job> {
+        self.jobs.lock().values().cloned().collect()
+    }
+
+    /// The background registration of this (normalised) URL, if any.
+    pub fn job_by_url(&self, url: &str) -> Option<Job> {
+        self.jobs.lock().values().find(|j| j.url == url).cloned()
+    }
+
+    /// Stops the background registration of `id`; returns it.
+    pub fn cancel(&self, id: WorkerId) -> Option<Job> {
+        self.jobs.lock().remove(&id)
+    }
+
+    fn registered(&self, normalised: &str) -> Option<WorkerId> {
+        self.engine
+            .registry()
+            .by_base_url(normalised)
+            .first()
+            .map(|w| w.id)
+    }
+
+    /// `e`, unless it says the URL got registered meanwhile (two requests
+    /// for one worker at once): then the id it got.
+    fn existing_or(
+        &self,
+        normalised: &str,
+        e: WorkerChangeError,
+    ) -> Result<Enrolled, WorkerChangeError> {
+        match (&e, self.registered(normalised)) {
+            (WorkerChangeError::Registry(RegistryError::Duplicate(_)), Some(id)) => {
+                Ok(Enrolled::Existing(id))
+            }
+            _ => Err(e),
+        }
+    }
+
+    /// Checks a newly registered server's health now rather than at the
+    /// next round, so it serves as soon as it answers.
+    fn admit(&self, units: &[Arc<Worker>]) {
+        if let Some(first) = units.first().cloned() {
+            let health = self.health.clone();
+            tokio::spawn(async move {
+                let healthy = health.admit(&first).await;
+                info!(worker = %first.base_url, id = %first.id, role = first.role().as_str(), healthy, "worker registered");
+            });
+        }
+    }
+
+    fn start_job(self: &Arc<Self>, job: Job) {
+        let (id, url, spec) = (job.id, job.url.clone(), job.spec);
+        self.jobs.lock().insert(id, job);
+        let this = self.clone();
+        tokio::spawn(async move { this.run_job(id, url, spec).await });
+    }
+
+    /// Tries to register `url` until it works, the job is cancelled, or the
+    /// timeout passes.
+    async fn run_job(self: Arc<Self>, id: WorkerId, url: String, spec: WorkerSpec) {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut delay = FIRST_RETRY_DELAY;
+        loop {
+            if self.job(id).is_none() {
+                return; // cancelled
+            }
+            let e = match self.engine.add_worker(&url, spec, id).await {
+                Ok(units) => {
+                    if self.cancel(id).is_none() {
+                        // Cancelled while the attempt ran: undo it.
+                        let _ = self.engine.remove_worker(&url);
+                        return;
+                    }
+                    self.admit(&units);
+                    return;
+                }
+                Err(e) => e,
+            };
+            if e.is_not_ready() && tokio::time::Instant::now() < deadline {
+                debug!(worker = %url, error = %e, "worker not ready; retrying");
+                if let Some(job) = self.jobs.lock().get_mut(&id) {
+                    job.message = Some(e.to_string());
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay + FIRST_RETRY_DELAY).min(MAX_RETRY_DELAY);
+                continue;
+            }
+            if self.registered(&url).is_some() {
+                // Registered by another way meanwhile (/add_worker).
+                self.cancel(id);
+                return;
+            }
+            error!(worker = %url, error = %e, timeout_secs = self.timeout.as_secs(), "gave up registering worker");
+            if let Some(job) = self.jobs.lock().get_mut(&id) {
+                job.state = JobState::Failed;
+                job.message = Some(e.to_string());
+                job.since = SystemTime::now();
+            }
+            return;
+        }
+    }
+}
