@@ -91,9 +91,17 @@ pub struct Args {
 
     /// How long a worker that cannot be registered yet (its host name does
     /// not resolve; with --dp-aware, it does not tell its dp_size) keeps
-    /// being tried.
+    /// being tried, and how long a worker that is not healthy is probed on
+    /// the fast schedule (every 1-3 s) before backing off to the interval.
     #[arg(long, default_value_t = 1800)]
     pub worker_startup_timeout_secs: u64,
+
+    /// Accepted for sglang-router launch lines. In sglang-router 0.3.2 it is
+    /// the period of power_of_two's `GET /get_load` poll; this router's
+    /// power_of_two compares its own live in-flight counts, so there is
+    /// nothing to poll.
+    #[arg(long, default_value_t = 30)]
+    pub worker_startup_check_interval: u64,
 
     /// Prefix match rate (0..1) above which cache_aware sends a request to the
     /// worker holding the longest match.
@@ -245,7 +253,10 @@ impl Args {
         if self.balance_rel_threshold < 1.0 {
             return Err("--balance-rel-threshold must be at least 1.0".into());
         }
-        if self.health_check_interval_secs == 0 || self.eviction_interval_secs == 0 {
+        if self.health_check_interval_secs == 0
+            || self.eviction_interval_secs == 0
+            || self.worker_startup_check_interval == 0
+        {
             return Err("intervals must be at least one second".into());
         }
         if self.health_failure_threshold == 0 || self.health_success_threshold == 0 {
@@ -338,6 +349,8 @@ mod tests {
         assert_eq!(a.health_check_interval_secs, 60);
         assert_eq!(a.health_failure_threshold, 3);
         assert_eq!(a.max_idle_secs, 14400);
+        assert_eq!(a.worker_startup_timeout_secs, 1800);
+        assert_eq!(a.worker_startup_check_interval, 30);
         assert_eq!(a.assignment_mode, AssignmentMode::Random);
         assert!(a.validate().is_ok());
     }

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use tracing::{debug, error, info, warn};
 
 use crate::engine::{Engine, WorkerChangeError};
-use crate::workers::{HealthChecker, RegistryError, Worker, WorkerId, WorkerSpec};
+use crate::workers::{RegistryError, Worker, WorkerId, WorkerSpec};
 
 /// First wait between two registration attempts; each retry waits a second
 /// longer, up to [`MAX_RETRY_DELAY`] (sglang-router's startup probe).
@@ -64,8 +64,8 @@ pub struct Job {
 /// What [`Enrollment::enroll`] did.
 #[derive(Debug)]
 pub enum Enrolled {
-    /// Registered now, under this id; the health checker admits it once
-    /// its health endpoint answers.
+    /// Registered now, under this id; the health checker probes it at once
+    /// and admits it once its health endpoint answers.
     Registered(WorkerId, Vec<Arc<Worker>>),
     /// Already registered under this URL, as this id: nothing changed.
     Existing(WorkerId),
@@ -86,17 +86,15 @@ impl Enrolled {
 /// registrations' status.
 pub struct Enrollment {
     engine: Arc<Engine>,
-    health: Arc<HealthChecker>,
     timeout: Duration,
     jobs: Mutex<HashMap<WorkerId, Job>>,
 }
 
 impl Enrollment {
     /// Background registrations give up after `timeout`.
-    pub fn new(engine: Arc<Engine>, health: Arc<HealthChecker>, timeout: Duration) -> Arc<Self> {
+    pub fn new(engine: Arc<Engine>, timeout: Duration) -> Arc<Self> {
         Arc::new(Enrollment {
             engine,
-            health,
             timeout,
             jobs: Mutex::new(HashMap::new()),
         })
@@ -133,7 +131,7 @@ impl Enrollment {
             // Only a name lookup away: no reason to answer before it is done.
             match self.engine.add_worker(url, spec, id).await {
                 Ok(units) => {
-                    self.admit(&units);
+                    self.registered_now(&units);
                     return Ok(Enrolled::Registered(id, units));
                 }
                 Err(e) if e.is_not_ready() => {
@@ -196,15 +194,11 @@ impl Enrollment {
         }
     }
 
-    /// Checks a newly registered server's health now rather than at the
-    /// next round, so it serves as soon as it answers.
-    fn admit(&self, units: &[Arc<Worker>]) {
-        if let Some(first) = units.first().cloned() {
-            let health = self.health.clone();
-            tokio::spawn(async move {
-                let healthy = health.admit(&first).await;
-                info!(worker = %first.base_url, id = %first.id, role = first.role().as_str(), healthy, "worker registered");
-            });
+    /// Logs a registration; the health checker probes the new server at
+    /// once and admits it as soon as it answers.
+    fn registered_now(&self, units: &[Arc<Worker>]) {
+        if let Some(first) = units.first() {
+            info!(worker = %first.base_url, id = %first.id, role = first.role().as_str(), units = units.len(), "worker registered");
         }
     }
 
@@ -231,7 +225,7 @@ impl Enrollment {
                         let _ = self.engine.remove_worker(&url);
                         return;
                     }
-                    self.admit(&units);
+                    self.registered_now(&units);
                     return;
                 }
                 Err(e) => e,

@@ -92,9 +92,10 @@ async fn main() -> anyhow::Result<()> {
     )?);
     let health = Arc::new(HealthChecker::new(registry.clone(), &args)?);
 
+    // Probes every server as soon as it is registered, then on its schedule.
+    tokio::spawn(health.clone().run());
     let enrollment = Enrollment::new(
         engine.clone(),
-        health.clone(),
         Duration::from_secs(args.worker_startup_timeout_secs),
     );
     for InitialWorker {
@@ -131,7 +132,6 @@ async fn main() -> anyhow::Result<()> {
     if let Some(path) = args.state_file.clone() {
         tokio::spawn(persist_changes(registry.clone(), path));
     }
-    tokio::spawn(health.clone().run());
     tokio::spawn(evict(
         engine.clone(),
         Duration::from_secs(args.eviction_interval_secs),

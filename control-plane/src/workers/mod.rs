@@ -6,6 +6,7 @@ mod discovery;
 mod health;
 mod id;
 pub mod persist;
+mod probe_schedule;
 mod registry;
 mod worker;
 

@@ -360,11 +360,19 @@ impl Stack {
             grpc_port.to_string(),
             "--policy".into(),
             opts.policy.clone(),
-            "--health-check-interval-secs".into(),
-            "1".into(),
             "--log-level".into(),
             "debug".into(),
         ];
+        if !opts
+            .cp_args
+            .iter()
+            .any(|a| a == "--health-check-interval-secs")
+        {
+            // Quick checks keep the suite quick; tests of the schedule
+            // itself set the interval.
+            args.push("--health-check-interval-secs".into());
+            args.push("1".into());
+        }
         if !workers.is_empty() {
             args.push("--worker-urls".into());
             args.extend(workers.iter().map(|w| w.url.clone()));
