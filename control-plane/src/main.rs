@@ -98,6 +98,7 @@ async fn main() -> anyhow::Result<()> {
         engine.clone(),
         Duration::from_secs(args.worker_startup_timeout_secs),
     );
+    let mut registered = Vec::new();
     for InitialWorker {
         url,
         spec,
@@ -109,7 +110,8 @@ async fn main() -> anyhow::Result<()> {
             Ok(Enrolled::Pending(_)) => {
                 info!(worker = %url, "worker not reachable yet; it is registered once it is")
             }
-            Ok(_) => {}
+            Ok(Enrolled::Registered(_, units)) => registered.extend(units.into_iter().take(1)),
+            Ok(Enrolled::Existing(_)) => {}
             // A stored worker that is no longer valid (or the other mode's)
             // must not keep the router from starting.
             Err(e) if !from_flags => {
@@ -118,7 +120,14 @@ async fn main() -> anyhow::Result<()> {
             Err(e) => return Err(e).with_context(|| format!("cannot register worker {url}")),
         }
     }
+    // Serve only once the workers that are up are known to be: a restarted
+    // control plane must not answer "no healthy workers" for the few
+    // milliseconds its first probes take (the others are admitted as soon
+    // as they answer). The probes run at once, so this takes at most one
+    // health-check timeout.
+    let up = futures::future::join_all(registered.iter().map(|w| health.admit(w))).await;
     info!(
+        healthy = up.iter().filter(|ok| **ok).count(),
         workers = registry.all().len(),
         mode = if args.pd_disaggregation {
             "pd"
