@@ -111,8 +111,13 @@ impl Enrollment {
         id: Option<WorkerId>,
     ) -> Result<Enrolled, WorkerChangeError> {
         let normalised = self.engine.check_worker(url, spec)?;
-        if let Some(existing) = self.registered(&normalised) {
-            return Ok(Enrolled::Existing(existing));
+        if let Some(existing) = self.engine.registry().by_base_url(&normalised).first() {
+            if existing.spec != spec {
+                // Same server, another role or bootstrap port: not the same
+                // request, and not one to apply silently.
+                return Err(RegistryError::Duplicate(normalised).into());
+            }
+            return Ok(Enrolled::Existing(existing.id));
         }
         let retried = {
             let mut jobs = self.jobs.lock();
@@ -126,7 +131,11 @@ impl Enrollment {
                 None => None,
             }
         };
-        let id = retried.or(id).unwrap_or_else(WorkerId::random);
+        // A stored id another server already has (a state file edited by
+        // hand) is not worth refusing the worker for: it gets a new one.
+        let id = retried
+            .or(id.filter(|id| self.id_is_free(*id)))
+            .unwrap_or_else(WorkerId::random);
         if !self.engine.options().dp_aware {
             // Only a name lookup away: no reason to answer before it is done.
             match self.engine.add_worker(url, spec, id).await {
@@ -140,15 +149,18 @@ impl Enrollment {
                 Err(e) => return self.existing_or(&normalised, e),
             }
         }
-        self.start_job(Job {
+        Ok(Enrolled::Pending(self.start_job(Job {
             id,
             url: normalised,
             spec,
             state: JobState::Processing,
             message: None,
             since: SystemTime::now(),
-        });
-        Ok(Enrolled::Pending(id))
+        })))
+    }
+
+    fn id_is_free(&self, id: WorkerId) -> bool {
+        self.engine.registry().by_id(id).is_empty() && !self.jobs.lock().contains_key(&id)
     }
 
     /// The background registration of `id`, if there is one.
@@ -202,11 +214,20 @@ impl Enrollment {
         }
     }
 
-    fn start_job(self: &Arc<Self>, job: Job) {
+    /// Starts `job`, unless one for its URL started meanwhile (two requests
+    /// for one worker at once). Returns the id of the job that runs.
+    fn start_job(self: &Arc<Self>, job: Job) -> WorkerId {
         let (id, url, spec) = (job.id, job.url.clone(), job.spec);
-        self.jobs.lock().insert(id, job);
+        {
+            let mut jobs = self.jobs.lock();
+            if let Some(running) = jobs.values().find(|j| j.url == url) {
+                return running.id;
+            }
+            jobs.insert(id, job);
+        }
         let this = self.clone();
         tokio::spawn(async move { this.run_job(id, url, spec).await });
+        id
     }
 
     /// Tries to register `url` until it works, the job is cancelled, or the
@@ -252,5 +273,122 @@ impl Enrollment {
             }
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{EngineOptions, Policies};
+    use crate::metrics::Metrics;
+    use crate::policy::RoundRobin;
+    use crate::workers::{Registry, Role};
+
+    fn enrollment_with(options: EngineOptions) -> Arc<Enrollment> {
+        let engine = Engine::new(
+            Arc::new(Registry::default()),
+            Policies::same(Arc::new(RoundRobin::default())),
+            Arc::new(Metrics::default()),
+            options,
+        )
+        .unwrap();
+        Enrollment::new(Arc::new(engine), Duration::from_secs(60))
+    }
+
+    fn enrollment(dp_aware: bool) -> Arc<Enrollment> {
+        enrollment_with(EngineOptions {
+            dp_aware,
+            ..Default::default()
+        })
+    }
+
+    /// A loopback port nothing listens on.
+    fn closed_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_url_keeps_its_id_and_its_role() {
+        let e = enrollment(false);
+        let url = format!("http://127.0.0.1:{}", closed_port());
+        let given = WorkerId::random();
+        let first = e
+            .enroll(&url, WorkerSpec::REGULAR, Some(given))
+            .await
+            .unwrap();
+        assert!(
+            matches!(first, Enrolled::Registered(id, ref units) if id == given && units.len() == 1)
+        );
+        let again = e
+            .enroll(&format!("{url}/"), WorkerSpec::REGULAR, None)
+            .await
+            .unwrap();
+        assert!(matches!(again, Enrolled::Existing(id) if id == given));
+        let other_role = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        assert!(
+            e.enroll(&url, other_role, None).await.is_err(),
+            "wrong mode"
+        );
+        // A taken id is replaced, not fatal.
+        let url2 = format!("http://127.0.0.1:{}", closed_port());
+        let second = e
+            .enroll(&url2, WorkerSpec::REGULAR, Some(given))
+            .await
+            .unwrap();
+        assert_ne!(second.id(), given);
+    }
+
+    #[tokio::test]
+    async fn a_registered_url_is_not_taken_again_in_another_role() {
+        let e = enrollment_with(EngineOptions {
+            pd: true,
+            ..Default::default()
+        });
+        let url = format!("http://127.0.0.1:{}", closed_port());
+        let decode = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        let prefill = WorkerSpec {
+            role: Role::Prefill,
+            bootstrap_port: Some(8998),
+        };
+        let id = e.enroll(&url, decode, None).await.unwrap().id();
+        assert!(matches!(
+            e.enroll(&url, decode, None).await.unwrap(),
+            Enrolled::Existing(same) if same == id
+        ));
+        let err = e.enroll(&url, prefill, None).await.unwrap_err();
+        assert!(err.to_string().contains("already registered"), "{err}");
+        assert_eq!(e.engine.registry().all().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_dp_aware_worker_waits_in_the_background_until_called_off() {
+        let e = enrollment(true);
+        let url = format!("http://127.0.0.1:{}", closed_port());
+        let pending = e.enroll(&url, WorkerSpec::REGULAR, None).await.unwrap();
+        let Enrolled::Pending(id) = pending else {
+            panic!("expected a background registration, got {pending:?}");
+        };
+        let again = e.enroll(&url, WorkerSpec::REGULAR, None).await.unwrap();
+        assert!(matches!(again, Enrolled::Pending(same) if same == id));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let job = e.job(id).expect("the job is listed");
+        assert_eq!(job.state, JobState::Processing);
+        assert!(
+            job.message.is_some_and(|m| m.contains("dp_size")),
+            "the last attempt's error is shown"
+        );
+        assert_eq!(e.job_by_url(&url).map(|j| j.id), Some(id));
+        assert!(e.cancel(id).is_some());
+        assert!(e.job(id).is_none());
+        assert!(e.engine.registry().all().is_empty());
     }
 }
