@@ -66,6 +66,7 @@ use sglang_envoy_body::{
 };
 use sglang_envoy_proto::{
     route_response, AdmissionOutcome, Completion, Decision, Header, PrefillOutcome, RouteRequest,
+    ROUTING_KEY_HEADER,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -251,6 +252,8 @@ struct Exchange {
     path: String,
     method: String,
     request_id: String,
+    /// The client's `X-SMG-Routing-Key`, empty when absent.
+    routing_key: String,
     /// The client's headers (no pseudo-headers), forwarded with a PD prefill.
     headers: Vec<Header>,
     /// The inference route, for POSTs whose body we route on.
@@ -305,6 +308,7 @@ impl Exchange {
             path: String::new(),
             method: String::new(),
             request_id: String::new(),
+            routing_key: String::new(),
             headers: Vec::new(),
             route: None,
             awaiting_body: None,
@@ -468,6 +472,8 @@ impl Exchange {
                 n => {
                     if n == "x-request-id" {
                         self.request_id = value.clone();
+                    } else if n == ROUTING_KEY_HEADER {
+                        self.routing_key = value.clone();
                     }
                     self.headers.push(Header { name, value });
                 }
@@ -563,6 +569,7 @@ impl Exchange {
             routing_text,
             stream,
             request_id: self.request_id.clone(),
+            routing_key: self.routing_key.clone(),
             body_bytes: b.body.len() as u64,
             ticket: self.tickets.next(),
             // The control plane has the body already: it never needs to ask.

@@ -9,6 +9,8 @@ use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
+use crate::routing_key::RoutingKey;
+use crate::tickets::Held;
 use crate::workers::{error_chain, Registry, Worker};
 
 /// One prefill request to send.
@@ -26,6 +28,8 @@ pub struct PrefillJob {
     pub want_logprobs: bool,
     /// The policy's estimate of its prefill work.
     pub work: u64,
+    /// The client's routing key, counted on the prefill unit while it runs.
+    pub routing_key: Option<RoutingKey>,
 }
 
 /// Sends the prefill half of PD requests and keeps each one's outcome until
@@ -47,11 +51,11 @@ struct Pending {
 
 /// Holds a prefill unit's load for as long as its request runs, including
 /// when the task is aborted (client gone) or panics.
-struct LoadGuard(Arc<Worker>, u64);
+struct LoadGuard(Held);
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
-        self.0.finish(self.1);
+        self.0.release();
     }
 }
 
@@ -78,8 +82,7 @@ impl PrefillDispatcher {
     /// Starts the prefill request for `ticket`. Must run inside a tokio
     /// runtime.
     pub fn dispatch(&self, ticket: u64, job: PrefillJob) {
-        job.worker.start(job.work);
-        let guard = LoadGuard(job.worker.clone(), job.work);
+        let guard = LoadGuard(Held::start(job.worker.clone(), job.work, job.routing_key));
         let (tx, rx) = watch::channel(None);
         let client = self.client.clone();
         let timeout = self.timeout;

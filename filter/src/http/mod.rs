@@ -10,7 +10,7 @@ use sglang_envoy_body::{
     over_budget, too_large, BodyError, Endpoint, Head, Refusal, RequestBody, Route,
 };
 use sglang_envoy_proto::{
-    route_response, Decision, Header, RouteRequest, RouteResponse, SERVICE_NAME,
+    route_response, Decision, Header, RouteRequest, RouteResponse, ROUTING_KEY_HEADER, SERVICE_NAME,
 };
 
 mod admission;
@@ -143,6 +143,9 @@ impl Request {
             method: self.method.clone(),
             request_id: self
                 .get_http_request_header("x-request-id")
+                .unwrap_or_default(),
+            routing_key: self
+                .get_http_request_header(ROUTING_KEY_HEADER)
                 .unwrap_or_default(),
             body_bytes: self.body_bytes as u64,
             ticket: self.ticket,
