@@ -217,8 +217,12 @@ async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
         assert_eq!(r.status(), 200);
         return;
     }
+    // The prefill half of a request decided just before the kill lived in
+    // the killed process: that request's decode waits for a KV cache nobody
+    // sends and fails with the worker's KV timeout. At most one per client
+    // can be caught that way; every other request must succeed.
     assert!(
-        failures.is_empty(),
+        failures.len() <= 3 && failures.iter().all(|f| f.contains("KV transfer failed")),
         "{} failed: {:?}",
         failures.len(),
         &failures[..failures.len().min(3)]
