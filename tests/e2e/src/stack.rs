@@ -2,11 +2,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde_json::Value;
 
+use crate::envoy_config::{render_template, EnvoyConfig, EnvoyEnv};
 use crate::process::{free_port, Proc};
-use crate::tls::{envoy_tls_env, WorkerTls};
+use crate::tls::WorkerTls;
 use crate::{repo_root, wait_until};
 
 static STACKS: AtomicUsize = AtomicUsize::new(0);
@@ -84,6 +85,9 @@ pub struct StackOptions {
     /// these files and are registered as `https://`. The control plane's
     /// TLS flags are `cp_args`; Envoy gets the same ones.
     pub worker_tls: Option<WorkerTls>,
+    /// Run Envoy with this config instead of the rendered template (a
+    /// gateway-shaped config, see [`crate::gateway`]).
+    pub envoy_config: Option<EnvoyConfig>,
 }
 
 /// A PD fleet of simulated workers.
@@ -136,6 +140,7 @@ impl Default for StackOptions {
             filter_options: String::new(),
             max_connections: None,
             worker_tls: None,
+            envoy_config: None,
         }
     }
 }
@@ -228,6 +233,14 @@ impl SimWorker {
             w.bootstrap_port = Some(bootstrap_port);
         }
         Ok(w)
+    }
+
+    /// `host:port`, as the control plane names the worker to Envoy.
+    pub fn address(&self) -> String {
+        self.url
+            .split_once("://")
+            .map_or(self.url.as_str(), |(_, a)| a)
+            .to_string()
     }
 
     /// The simulator's counters (`/_sim/stats`).
@@ -401,37 +414,27 @@ impl Stack {
         }
 
         let (port, envoy_admin) = (free_port(), free_port());
-        // The same renderer as the quick start and docker compose.
-        let template_path = FrontDoor::current().template();
         let wasm = repo_root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
         let config_path = dir.join("envoy.yaml");
-        let rendered = std::process::Command::new("sh")
-            .arg(repo_root().join("envoy/render.sh"))
-            .arg(&config_path)
-            .env("ENVOY_TEMPLATE", repo_root().join(template_path))
-            .env("LISTEN_HOST", "127.0.0.1")
-            .env("LISTEN_PORT", port.to_string())
-            .env("ENVOY_ADMIN_PORT", envoy_admin.to_string())
-            .env("CONTROL_PLANE_HOST", "127.0.0.1")
-            .env("CONTROL_PLANE_GRPC_PORT", grpc_port.to_string())
-            .env("CONTROL_PLANE_ADMIN_PORT", admin_port.to_string())
-            .env("MAX_BODY_BYTES", opts.max_body_bytes.to_string())
-            .env("FILTER_WASM", wasm.display().to_string())
-            .env("ADMIN_ROUTES", if opts.admin_routes { "on" } else { "off" })
-            .env("FILTER_OPTIONS", &opts.filter_options)
-            .env(
-                "MAX_CONNECTIONS",
-                opts.max_connections.unwrap_or(10_000).to_string(),
-            )
-            // Envoy trusts and presents what the control plane does.
-            .envs(envoy_tls_env(&opts.cp_args))
-            .output()
-            .context("running envoy/render.sh")?;
-        if !rendered.status.success() {
-            bail!(
-                "envoy/render.sh failed for {template_path}: {}",
-                String::from_utf8_lossy(&rendered.stderr)
-            );
+        if let Some(config) = &opts.envoy_config {
+            let routed = if decodes.is_empty() {
+                &workers
+            } else {
+                &decodes
+            };
+            let env = EnvoyEnv {
+                dir: dir.clone(),
+                listen_port: port,
+                admin_port: envoy_admin,
+                cp_grpc_port: grpc_port,
+                cp_admin_port: admin_port,
+                wasm: wasm.clone(),
+                workers: routed.iter().map(SimWorker::address).collect(),
+            };
+            std::fs::write(&config_path, (config.0)(&env)?)?;
+        } else {
+            let ports = [port, envoy_admin, grpc_port, admin_port];
+            render_template(&opts, &config_path, &wasm, ports)?;
         }
         let envoy = Proc::spawn(
             "envoy",
