@@ -8,7 +8,8 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::workers::{
-    identity, CircuitConfig, CircuitState, Health, Role, Worker, WorkerAddress, WorkerSpec,
+    identity, CircuitConfig, CircuitState, Health, Role, Worker, WorkerAddress, WorkerId,
+    WorkerSpec,
 };
 
 /// Why a registry change was refused.
@@ -23,6 +24,9 @@ pub enum RegistryError {
     /// No worker has this URL.
     #[error("worker {0} is not registered")]
     NotFound(String),
+    /// Another server has this id (a state file edited by hand).
+    #[error("worker id {0} is taken by another worker")]
+    DuplicateId(WorkerId),
 }
 
 /// All registered workers (routing units: one per server, or one per DP rank
@@ -62,24 +66,39 @@ impl Registry {
         }
     }
 
-    /// Registers a server (unhealthy until its first good health check):
-    /// one unit, or one per DP rank when `dp_size` is given. Returns the units.
+    /// Registers a server with a fresh id; see [`Registry::add_with_id`].
     pub fn add(
         &self,
         address: WorkerAddress,
         spec: WorkerSpec,
         dp_size: Option<u32>,
     ) -> Result<Vec<Arc<Worker>>, RegistryError> {
+        self.add_with_id(address, spec, dp_size, WorkerId::random())
+    }
+
+    /// Registers a server as `id` (unhealthy until its first good health
+    /// check): one unit, or one per DP rank when `dp_size` is given.
+    /// Returns the units.
+    pub fn add_with_id(
+        &self,
+        address: WorkerAddress,
+        spec: WorkerSpec,
+        dp_size: Option<u32>,
+        id: WorkerId,
+    ) -> Result<Vec<Arc<Worker>>, RegistryError> {
         let mut workers = self.workers.lock();
         if workers.iter().any(|w| w.base_url == address.url) {
             return Err(RegistryError::Duplicate(address.url));
         }
-        let id = identity(address.endpoint);
-        if let Some(same) = workers.iter().find(|w| identity(w.endpoint) == id) {
+        let server = identity(address.endpoint);
+        if let Some(same) = workers.iter().find(|w| identity(w.endpoint) == server) {
             return Err(RegistryError::SameServer(
                 address.url,
                 same.base_url.clone(),
             ));
+        }
+        if workers.iter().any(|w| w.id == id) {
+            return Err(RegistryError::DuplicateId(id));
         }
         let health = Arc::new(Health::default());
         let ranks: Vec<Option<u32>> = match dp_size {
@@ -90,13 +109,9 @@ impl Registry {
             .into_iter()
             .map(|rank| {
                 let tenant = self.next_tenant.fetch_add(1, Ordering::Relaxed);
-                Arc::new(Worker::new(
-                    address.clone(),
-                    spec,
-                    rank,
-                    health.clone(),
-                    tenant,
-                ))
+                Arc::new(
+                    Worker::new(address.clone(), spec, rank, health.clone(), tenant).with_id(id),
+                )
             })
             .collect();
         workers.extend(units.iter().cloned());
@@ -138,6 +153,26 @@ impl Registry {
     #[cfg(test)]
     pub fn get(&self, url: &str) -> Option<Arc<Worker>> {
         self.all.load().iter().find(|w| w.url == url).cloned()
+    }
+
+    /// The units of the server with this id (empty when there is none).
+    pub fn by_id(&self, id: WorkerId) -> Vec<Arc<Worker>> {
+        self.all
+            .load()
+            .iter()
+            .filter(|w| w.id == id)
+            .cloned()
+            .collect()
+    }
+
+    /// The units of the server registered under this normalised URL.
+    pub fn by_base_url(&self, base_url: &str) -> Vec<Arc<Worker>> {
+        self.all
+            .load()
+            .iter()
+            .filter(|w| w.base_url == base_url)
+            .cloned()
+            .collect()
     }
 
     /// Every registered worker, in registration order.
@@ -232,6 +267,8 @@ mod tests {
             .unwrap()
             .remove(0);
         assert_ne!(a.tenant, b.tenant);
+        assert_ne!(a.id, b.id);
+        assert_eq!(r.by_id(a.id).len(), 1);
         assert_eq!(
             r.add(address(1), WorkerSpec::REGULAR, None).unwrap_err(),
             RegistryError::Duplicate("http://127.0.0.1:1".into())
@@ -258,8 +295,19 @@ mod tests {
             role: Role::Decode,
             bootstrap_port: None,
         };
-        let units = r.add(address(1), decode, Some(4)).unwrap();
+        let id = WorkerId::random();
+        let units = r.add_with_id(address(1), decode, Some(4), id).unwrap();
         assert_eq!(units.len(), 4);
+        assert!(
+            units.iter().all(|u| u.id == id),
+            "ranks share the server's id"
+        );
+        assert_eq!(r.by_id(id).len(), 4);
+        assert_eq!(
+            r.add_with_id(address(3), WorkerSpec::REGULAR, None, id)
+                .unwrap_err(),
+            RegistryError::DuplicateId(id)
+        );
         let prefill = WorkerSpec {
             role: Role::Prefill,
             bootstrap_port: Some(9000),

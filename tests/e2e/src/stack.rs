@@ -154,6 +154,11 @@ pub struct SimWorker {
     /// Reaches the worker directly (trusting a TLS worker's CA, with the
     /// client certificate it may require).
     client: reqwest::Client,
+    port: u16,
+    /// Its flags, TLS ones included, to start it again the same.
+    args: Vec<String>,
+    dir: PathBuf,
+    starts: usize,
     proc: Proc,
 }
 
@@ -169,33 +174,86 @@ impl SimWorker {
         args: &[String],
         tls: Option<&WorkerTls>,
     ) -> anyhow::Result<SimWorker> {
-        let port = free_port();
-        let mut all = vec!["--port".to_string(), port.to_string()];
-        all.extend_from_slice(args);
+        let w = SimWorker::spawn_with(dir, free_port(), args, tls)?;
+        w.wait_healthy(Duration::from_secs(20)).await?;
+        Ok(w)
+    }
+
+    /// Starts a simulated worker on `port` without waiting for it (a
+    /// worker that comes up after the router).
+    pub fn spawn(dir: &Path, port: u16, args: &[String]) -> anyhow::Result<SimWorker> {
+        SimWorker::spawn_with(dir, port, args, None)
+    }
+
+    /// [`SimWorker::spawn`], serving HTTPS with `tls` when given.
+    pub fn spawn_with(
+        dir: &Path,
+        port: u16,
+        args: &[String],
+        tls: Option<&WorkerTls>,
+    ) -> anyhow::Result<SimWorker> {
+        let mut args = args.to_vec();
         let (scheme, client) = match tls {
             Some(tls) => {
-                all.extend(tls.worker_args());
+                args.extend(tls.worker_args());
                 ("https", tls.client()?)
             }
             None => ("http", reqwest::Client::new()),
         };
+        let mut all = vec!["--port".to_string(), port.to_string()];
+        all.extend_from_slice(&args);
         let proc = Proc::spawn(
             &format!("worker-{port}"),
             &release_bin("sglang-sim-worker"),
             &all,
             dir,
         )?;
-        let w = SimWorker {
+        Ok(SimWorker {
             url: format!("{scheme}://127.0.0.1:{port}"),
             bootstrap_port: None,
             client,
+            port,
+            args,
+            dir: dir.to_path_buf(),
+            starts: 1,
             proc,
-        };
-        let health = format!("{}/health", w.url);
-        if !wait_until(Duration::from_secs(20), || ok_with(&w.client, &health)).await {
-            bail!("simulated worker {} did not become healthy", w.url);
+        })
+    }
+
+    /// Waits until the worker's `/health` answers 200.
+    pub async fn wait_healthy(&self, timeout: Duration) -> anyhow::Result<()> {
+        let health = format!("{}/health", self.url);
+        if !wait_until(timeout, || ok_with(&self.client, &health)).await {
+            bail!("simulated worker {} did not become healthy", self.url);
         }
-        Ok(w)
+        Ok(())
+    }
+
+    /// Whether the worker's `/health` answers 200 now.
+    pub async fn is_up(&self) -> bool {
+        ok_with(&self.client, &format!("{}/health", self.url)).await
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts the worker again (after [`SimWorker::kill`]) on the same
+    /// port with the same flags, without waiting for it. Its counters and
+    /// request log start empty.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.proc.kill();
+        self.starts += 1;
+        let mut all = vec!["--port".to_string(), self.port.to_string()];
+        all.extend_from_slice(&self.args);
+        self.proc = Proc::spawn(
+            &format!("worker-{}-{}", self.port, self.starts),
+            &release_bin("sglang-sim-worker"),
+            &all,
+            &self.dir,
+        )?;
+        Ok(())
     }
 
     /// Starts a PD worker (`mode` prefill or decode) whose bootstrap port
@@ -387,11 +445,19 @@ impl Stack {
             grpc_port.to_string(),
             "--policy".into(),
             opts.policy.clone(),
-            "--health-check-interval-secs".into(),
-            "1".into(),
             "--log-level".into(),
             "debug".into(),
         ];
+        if !opts
+            .cp_args
+            .iter()
+            .any(|a| a == "--health-check-interval-secs")
+        {
+            // Quick checks keep the suite quick; tests of the schedule
+            // itself set the interval.
+            args.push("--health-check-interval-secs".into());
+            args.push("1".into());
+        }
         if !workers.is_empty() {
             args.push("--worker-urls".into());
             args.extend(workers.iter().map(|w| w.url.clone()));

@@ -28,7 +28,7 @@ async fn ten_seconds_without_the_control_plane_fail_no_request() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(r.status(), 202);
     // Let the filter fetch a worker list that includes it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 

@@ -401,7 +401,7 @@ async fn prefill_and_decode_workers_added_and_removed_at_run_time() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
     // sglang-router's query form for the prefill worker.
     let r = client
         .post(stack.admin_url(&format!(
@@ -415,6 +415,14 @@ async fn prefill_and_decode_workers_added_and_removed_at_run_time() {
     let listed = stack.get_json("/list_workers").await;
     assert_eq!(listed["prefill"].as_array().unwrap().len(), 2, "{listed}");
     assert_eq!(listed["decode"].as_array().unwrap().len(), 2, "{listed}");
+    // POST /workers answers before the health check; /add_worker after it.
+    let s = &stack;
+    assert!(
+        sglang_envoy_e2e::wait_until(Duration::from_secs(5), || async move {
+            s.get_json("/workers").await["healthy"] == 4
+        })
+        .await
+    );
 
     for i in 0..8 {
         let r = stack
