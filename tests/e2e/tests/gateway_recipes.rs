@@ -101,6 +101,9 @@ async fn stack(config: EnvoyConfig, pd: bool) -> Stack {
         policy: if pd { "round_robin" } else { "cache_aware" }.into(),
         pd: pd.then(PdOptions::default),
         envoy_config: Some(config),
+        // Slow health checks: the failover check kills a worker and needs
+        // Envoy, not a health check racing it, to find out.
+        cp_args: vec!["--health-check-interval-secs".into(), "30".into()],
         ..Default::default()
     })
     .await
@@ -233,14 +236,16 @@ async fn regular_fleet(config: EnvoyConfig) -> Stack {
     let r = stack.post("/flush_cache", "{}").await;
     expect_openai_error(r, 404).await;
 
-    // Failover: the first worker dies; requests still succeed on the other,
-    // and the control plane credits the worker that answered.
-    stack.workers[0].kill();
+    // Failover: the worker holding the prefix dies; the control plane still
+    // chooses it for the prefix's requests until it learns of the death,
+    // Envoy retries them on the other, they succeed, and the control plane
+    // credits the worker that answered.
+    stack.workers[favourite].kill();
     for i in 0..4 {
         let r = stack
             .post(
                 "/generate",
-                &json!({"text": format!("after the crash {i}"),
+                &json!({"text": format!("{prefix} after the crash {i}"),
             "sampling_params": {"max_new_tokens": 1}})
                 .to_string(),
             )
