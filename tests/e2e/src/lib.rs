@@ -15,7 +15,10 @@ mod tls;
 
 pub use envoy_config::{EnvoyConfig, EnvoyEnv};
 pub use process::{free_port, Proc};
-pub use stack::{venv_python, FrontDoor, PdOptions, SimWorker, Stack, StackOptions, KV_TIMEOUT_MS};
+pub use stack::{
+    hosts_file_supported, venv_python, FrontDoor, PdOptions, SimWorker, Stack, StackOptions,
+    KV_TIMEOUT_MS,
+};
 pub use tls::{envoy_tls_env, WorkerTls};
 
 use std::time::Duration;

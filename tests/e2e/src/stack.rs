@@ -88,6 +88,11 @@ pub struct StackOptions {
     /// Run Envoy with this config instead of the rendered template (a
     /// gateway-shaped config, see [`crate::gateway`]).
     pub envoy_config: Option<EnvoyConfig>,
+    /// Run the control plane in a mount namespace of its own whose
+    /// `/etc/hosts` is this file (needs `unshare` and the right to mount,
+    /// see [`hosts_file_supported`]): tests of workers named by DNS rewrite
+    /// it to move a name.
+    pub cp_hosts_file: Option<PathBuf>,
 }
 
 /// A PD fleet of simulated workers.
@@ -141,6 +146,7 @@ impl Default for StackOptions {
             max_connections: None,
             worker_tls: None,
             envoy_config: None,
+            cp_hosts_file: None,
         }
     }
 }
@@ -192,7 +198,20 @@ impl SimWorker {
         args: &[String],
         tls: Option<&WorkerTls>,
     ) -> anyhow::Result<SimWorker> {
+        SimWorker::spawn_at(dir, "127.0.0.1", port, args, tls)
+    }
+
+    /// [`SimWorker::spawn_with`], listening on `host` (another loopback
+    /// address, say, to stand for a worker that moved).
+    pub fn spawn_at(
+        dir: &Path,
+        host: &str,
+        port: u16,
+        args: &[String],
+        tls: Option<&WorkerTls>,
+    ) -> anyhow::Result<SimWorker> {
         let mut args = args.to_vec();
+        args.extend(["--host".to_string(), host.to_string()]);
         let (scheme, client) = match tls {
             Some(tls) => {
                 args.extend(tls.worker_args());
@@ -203,13 +222,17 @@ impl SimWorker {
         let mut all = vec!["--port".to_string(), port.to_string()];
         all.extend_from_slice(&args);
         let proc = Proc::spawn(
-            &format!("worker-{port}"),
+            &if host == "127.0.0.1" {
+                format!("worker-{port}")
+            } else {
+                format!("worker-{host}-{port}")
+            },
             &release_bin("sglang-sim-worker"),
             &all,
             dir,
         )?;
         Ok(SimWorker {
-            url: format!("{scheme}://127.0.0.1:{port}"),
+            url: format!("{scheme}://{host}:{port}"),
             bootstrap_port: None,
             client,
             port,
@@ -359,7 +382,47 @@ pub struct Stack {
     cp: Proc,
     cp_args: Vec<String>,
     cp_starts: usize,
+    cp_hosts_file: Option<PathBuf>,
     envoy: Proc,
+}
+
+/// Starts the control plane with `args`, in a mount namespace of its own
+/// with `hosts` as its `/etc/hosts` when given.
+fn spawn_control_plane(
+    name: &str,
+    args: &[String],
+    dir: &Path,
+    hosts: Option<&Path>,
+) -> anyhow::Result<Proc> {
+    let bin = release_bin("sglang-envoy-control-plane");
+    let Some(hosts) = hosts else {
+        return Proc::spawn(name, &bin, args, dir);
+    };
+    // The bind mount is private to the namespace (unshare's default
+    // propagation), so the machine's /etc/hosts is untouched.
+    let mut all: Vec<String> = [
+        "--mount",
+        "sh",
+        "-c",
+        "mount --bind \"$0\" /etc/hosts && exec \"$@\"",
+    ]
+    .map(String::from)
+    .to_vec();
+    all.push(hosts.display().to_string());
+    all.push(bin.display().to_string());
+    all.extend_from_slice(args);
+    Proc::spawn(name, Path::new("unshare"), &all, dir)
+}
+
+/// Whether this machine lets the tests give a process its own `/etc/hosts`
+/// ([`StackOptions::cp_hosts_file`]): `unshare` and the right to mount.
+pub fn hosts_file_supported() -> bool {
+    std::process::Command::new("unshare")
+        .args(["--mount", "sh", "-c", "mount --bind /etc/hosts /etc/hosts"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 async fn ok(url: &str) -> bool {
@@ -467,12 +530,7 @@ impl Stack {
         args.push("--state-file".into());
         args.push(dir.join("workers.json").display().to_string());
         args.extend(opts.cp_args.iter().cloned());
-        let cp = Proc::spawn(
-            "control-plane",
-            &release_bin("sglang-envoy-control-plane"),
-            &args,
-            &dir,
-        )?;
+        let cp = spawn_control_plane("control-plane", &args, &dir, opts.cp_hosts_file.as_deref())?;
         let admin = format!("http://127.0.0.1:{admin_port}");
         let cp_health = format!("{admin}/health");
         if !wait_until(Duration::from_secs(20), || ok(&cp_health)).await {
@@ -527,6 +585,7 @@ impl Stack {
             cp,
             cp_args: args,
             cp_starts: 1,
+            cp_hosts_file: opts.cp_hosts_file.clone(),
             envoy,
         };
         // Ready when a request through Envoy reaches a worker (or, with no
@@ -654,11 +713,11 @@ impl Stack {
     pub async fn restart_control_plane(&mut self) -> anyhow::Result<()> {
         self.cp.kill();
         self.cp_starts += 1;
-        self.cp = Proc::spawn(
+        self.cp = spawn_control_plane(
             &format!("control-plane-{}", self.cp_starts),
-            &release_bin("sglang-envoy-control-plane"),
             &self.cp_args,
             &self.dir,
+            self.cp_hosts_file.as_deref(),
         )?;
         let health = format!("{}/health", self.admin);
         if !wait_until(Duration::from_secs(20), || ok(&health)).await {
