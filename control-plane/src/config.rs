@@ -99,6 +99,11 @@ pub struct Args {
     #[arg(long, default_value_t = 1800)]
     pub worker_startup_timeout_secs: u64,
 
+    /// Seconds between re-resolutions of workers' DNS names (a pod that moves
+    /// keeps its name, not its IP; Envoy is given IPs). 0: resolve once.
+    #[arg(long, default_value_t = 10)]
+    pub dns_refresh_secs: u64,
+
     /// Accepted for sglang-router launch lines. In sglang-router 0.3.2 it is
     /// the period of power_of_two's `GET /get_load` poll; this router's
     /// power_of_two compares its own live in-flight counts, so there is
@@ -522,6 +527,7 @@ mod tests {
         assert_eq!(a.health_failure_threshold, 3);
         assert_eq!(a.max_idle_secs, 14400);
         assert_eq!(a.worker_startup_timeout_secs, 1800);
+        assert_eq!(a.dns_refresh_secs, 10);
         assert_eq!(a.worker_startup_check_interval, 30);
         assert_eq!(a.assignment_mode, AssignmentMode::Random);
         assert!(a.validate().is_ok());

@@ -6,7 +6,8 @@
 //! consult the radix `tree` or the client's `routing_key`), counts load
 //! under the request's ticket (`tickets`) and answers; `Complete` releases the load. `xds` publishes the
 //! workers to Envoy, `admin` changes them (`enrollment` registers those not
-//! reachable yet in the background), `metrics` reports on all of it.
+//! reachable yet in the background; `dns` moves those whose DNS name points
+//! elsewhere), `metrics` reports on all of it.
 //! In PD mode the engine also builds the bootstrap fields and sends the
 //! prefill half itself (`pd`), and the filter waits for it (`AwaitPrefill`).
 //! `ext_proc` is a second front door over the same engine, for Envoys that
@@ -17,6 +18,7 @@ pub mod admin;
 pub mod admission;
 pub mod body_budget;
 pub mod config;
+pub mod dns;
 pub mod engine;
 pub mod enrollment;
 pub mod ext_proc;

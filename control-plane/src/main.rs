@@ -153,6 +153,12 @@ async fn main() -> anyhow::Result<()> {
         Duration::from_secs(args.eviction_interval_secs),
     ));
     tokio::spawn(tick_circuits(registry.clone()));
+    if args.dns_refresh_secs > 0 {
+        tokio::spawn(sglang_envoy_control_plane::dns::follow(
+            engine.clone(),
+            Duration::from_secs(args.dns_refresh_secs),
+        ));
+    }
     tokio::spawn(reap(
         engine.clone(),
         Duration::from_secs(args.request_timeout_secs),

@@ -131,6 +131,54 @@ impl Registry {
         Ok(removed)
     }
 
+    /// Points the server registered under `base_url` at a new address: its
+    /// DNS name resolves elsewhere now (a Kubernetes pod that moved keeps its
+    /// name, not its IP). Its units are replaced in place by units at the new
+    /// address with the same id, role and DP ranks; they are a new server to
+    /// everything else (unhealthy until probed, a closed circuit, no cache
+    /// history: a moved pod is a restarted process). Requests in flight
+    /// finish on the old units. Returns the old units, empty when the
+    /// address is the one it has.
+    pub fn readdress(
+        &self,
+        base_url: &str,
+        address: WorkerAddress,
+    ) -> Result<Vec<Arc<Worker>>, RegistryError> {
+        let mut workers = self.workers.lock();
+        let Some(first) = workers.iter().find(|w| w.base_url == base_url) else {
+            return Err(RegistryError::NotFound(base_url.to_string()));
+        };
+        if first.endpoint == address.endpoint {
+            return Ok(Vec::new());
+        }
+        let server = identity(address.endpoint);
+        if let Some(same) = workers
+            .iter()
+            .find(|w| w.base_url != base_url && identity(w.endpoint) == server)
+        {
+            return Err(RegistryError::SameServer(
+                base_url.to_string(),
+                same.base_url.clone(),
+            ));
+        }
+        let health = Arc::new(Health::default());
+        let mut old = Vec::new();
+        for slot in workers.iter_mut().filter(|w| w.base_url == base_url) {
+            let tenant = self.next_tenant.fetch_add(1, Ordering::Relaxed);
+            let unit = Worker::new(
+                address.clone(),
+                slot.spec,
+                slot.dp_rank,
+                health.clone(),
+                tenant,
+            )
+            .with_id(slot.id);
+            old.push(std::mem::replace(slot, Arc::new(unit)));
+        }
+        self.publish(&workers);
+        Ok(old)
+    }
+
     /// Sets a worker's health and republishes the snapshots if it changed.
     pub fn set_healthy(&self, worker: &Worker, healthy: bool) {
         if worker.set_healthy(healthy) {
@@ -322,5 +370,55 @@ mod tests {
         assert!(r.available(Role::Regular).is_empty());
         assert_eq!(r.remove("http://127.0.0.1:1").unwrap().len(), 4);
         assert_eq!(r.all().len(), 1);
+    }
+
+    #[test]
+    fn a_moved_server_keeps_its_name_id_and_ranks_at_a_new_address() {
+        let r = Registry::default();
+        let named = |ip: [u8; 4]| WorkerAddress {
+            url: "http://worker.test:30000".into(),
+            host: "worker.test".into(),
+            endpoint: std::net::SocketAddr::from((ip, 30000)),
+            tls: false,
+        };
+        let decode = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        let old = r.add(named([10, 0, 0, 1]), decode, Some(2)).unwrap();
+        let other = r.add(address(4), decode, None).unwrap();
+        r.set_healthy(&old[0], true);
+        assert_eq!(r.available(Role::Decode).len(), 2);
+        let version = *r.subscribe().borrow();
+
+        // The same address: nothing changes.
+        assert!(r
+            .readdress(&old[0].base_url, named([10, 0, 0, 1]))
+            .unwrap()
+            .is_empty());
+        let replaced = r.readdress(&old[0].base_url, named([10, 0, 0, 2])).unwrap();
+        assert_eq!(replaced.len(), 2);
+        assert!(*r.subscribe().borrow() > version, "EDS is told");
+        let now = r.by_base_url(&old[0].base_url);
+        let ranks: Vec<_> = now.iter().map(|u| (u.id, u.dp_rank, u.role())).collect();
+        assert_eq!(
+            ranks,
+            [
+                (old[0].id, Some(0), Role::Decode),
+                (old[0].id, Some(1), Role::Decode)
+            ]
+        );
+        assert!(now.iter().all(|u| u.endpoint_text == "10.0.0.2:30000"));
+        assert!(now.iter().all(|u| old.iter().all(|o| o.tenant != u.tenant)));
+        // A new process: no traffic until a health check passes.
+        assert!(!now[0].is_healthy());
+        assert_eq!(r.available(Role::Decode).len(), 0);
+        // Registration order kept; another server's address is refused.
+        assert_eq!(r.all()[2].url, other[0].url);
+        assert_eq!(
+            r.readdress(&old[0].base_url, address(4)).unwrap_err(),
+            RegistryError::SameServer(old[0].base_url.clone(), other[0].base_url.clone())
+        );
+        assert!(r.readdress("http://gone.test:1", address(5)).is_err());
     }
 }

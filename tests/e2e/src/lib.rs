@@ -7,12 +7,18 @@
 //! runs Envoy with the ext_proc filter (`envoy/envoy-ext-proc.yaml`) instead
 //! of the wasm filter.
 
+mod envoy_config;
+pub mod gateway;
 mod process;
 mod stack;
 mod tls;
 
+pub use envoy_config::{EnvoyConfig, EnvoyEnv};
 pub use process::{free_port, Proc};
-pub use stack::{venv_python, FrontDoor, PdOptions, SimWorker, Stack, StackOptions, KV_TIMEOUT_MS};
+pub use stack::{
+    hosts_file_supported, venv_python, FrontDoor, PdOptions, SimWorker, Stack, StackOptions,
+    KV_TIMEOUT_MS,
+};
 pub use tls::{envoy_tls_env, WorkerTls};
 
 use std::time::Duration;

@@ -2,11 +2,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde_json::Value;
 
+use crate::envoy_config::{render_template, EnvoyConfig, EnvoyEnv};
 use crate::process::{free_port, Proc};
-use crate::tls::{envoy_tls_env, WorkerTls};
+use crate::tls::WorkerTls;
 use crate::{repo_root, wait_until};
 
 static STACKS: AtomicUsize = AtomicUsize::new(0);
@@ -84,6 +85,14 @@ pub struct StackOptions {
     /// these files and are registered as `https://`. The control plane's
     /// TLS flags are `cp_args`; Envoy gets the same ones.
     pub worker_tls: Option<WorkerTls>,
+    /// Run Envoy with this config instead of the rendered template (a
+    /// gateway-shaped config, see [`crate::gateway`]).
+    pub envoy_config: Option<EnvoyConfig>,
+    /// Run the control plane in a mount namespace of its own whose
+    /// `/etc/hosts` is this file (needs `unshare` and the right to mount,
+    /// see [`hosts_file_supported`]): tests of workers named by DNS rewrite
+    /// it to move a name.
+    pub cp_hosts_file: Option<PathBuf>,
 }
 
 /// A PD fleet of simulated workers.
@@ -136,6 +145,8 @@ impl Default for StackOptions {
             filter_options: String::new(),
             max_connections: None,
             worker_tls: None,
+            envoy_config: None,
+            cp_hosts_file: None,
         }
     }
 }
@@ -187,7 +198,20 @@ impl SimWorker {
         args: &[String],
         tls: Option<&WorkerTls>,
     ) -> anyhow::Result<SimWorker> {
+        SimWorker::spawn_at(dir, "127.0.0.1", port, args, tls)
+    }
+
+    /// [`SimWorker::spawn_with`], listening on `host` (another loopback
+    /// address, say, to stand for a worker that moved).
+    pub fn spawn_at(
+        dir: &Path,
+        host: &str,
+        port: u16,
+        args: &[String],
+        tls: Option<&WorkerTls>,
+    ) -> anyhow::Result<SimWorker> {
         let mut args = args.to_vec();
+        args.extend(["--host".to_string(), host.to_string()]);
         let (scheme, client) = match tls {
             Some(tls) => {
                 args.extend(tls.worker_args());
@@ -198,13 +222,17 @@ impl SimWorker {
         let mut all = vec!["--port".to_string(), port.to_string()];
         all.extend_from_slice(&args);
         let proc = Proc::spawn(
-            &format!("worker-{port}"),
+            &if host == "127.0.0.1" {
+                format!("worker-{port}")
+            } else {
+                format!("worker-{host}-{port}")
+            },
             &release_bin("sglang-sim-worker"),
             &all,
             dir,
         )?;
         Ok(SimWorker {
-            url: format!("{scheme}://127.0.0.1:{port}"),
+            url: format!("{scheme}://{host}:{port}"),
             bootstrap_port: None,
             client,
             port,
@@ -288,6 +316,14 @@ impl SimWorker {
         Ok(w)
     }
 
+    /// `host:port`, as the control plane names the worker to Envoy.
+    pub fn address(&self) -> String {
+        self.url
+            .split_once("://")
+            .map_or(self.url.as_str(), |(_, a)| a)
+            .to_string()
+    }
+
     /// The simulator's counters (`/_sim/stats`).
     pub async fn stats(&self) -> Value {
         get_json_with(&self.client, &format!("{}/_sim/stats", self.url))
@@ -346,7 +382,47 @@ pub struct Stack {
     cp: Proc,
     cp_args: Vec<String>,
     cp_starts: usize,
+    cp_hosts_file: Option<PathBuf>,
     envoy: Proc,
+}
+
+/// Starts the control plane with `args`, in a mount namespace of its own
+/// with `hosts` as its `/etc/hosts` when given.
+fn spawn_control_plane(
+    name: &str,
+    args: &[String],
+    dir: &Path,
+    hosts: Option<&Path>,
+) -> anyhow::Result<Proc> {
+    let bin = release_bin("sglang-envoy-control-plane");
+    let Some(hosts) = hosts else {
+        return Proc::spawn(name, &bin, args, dir);
+    };
+    // The bind mount is private to the namespace (unshare's default
+    // propagation), so the machine's /etc/hosts is untouched.
+    let mut all: Vec<String> = [
+        "--mount",
+        "sh",
+        "-c",
+        "mount --bind \"$0\" /etc/hosts && exec \"$@\"",
+    ]
+    .map(String::from)
+    .to_vec();
+    all.push(hosts.display().to_string());
+    all.push(bin.display().to_string());
+    all.extend_from_slice(args);
+    Proc::spawn(name, Path::new("unshare"), &all, dir)
+}
+
+/// Whether this machine lets the tests give a process its own `/etc/hosts`
+/// ([`StackOptions::cp_hosts_file`]): `unshare` and the right to mount.
+pub fn hosts_file_supported() -> bool {
+    std::process::Command::new("unshare")
+        .args(["--mount", "sh", "-c", "mount --bind /etc/hosts /etc/hosts"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 async fn ok(url: &str) -> bool {
@@ -454,12 +530,7 @@ impl Stack {
         args.push("--state-file".into());
         args.push(dir.join("workers.json").display().to_string());
         args.extend(opts.cp_args.iter().cloned());
-        let cp = Proc::spawn(
-            "control-plane",
-            &release_bin("sglang-envoy-control-plane"),
-            &args,
-            &dir,
-        )?;
+        let cp = spawn_control_plane("control-plane", &args, &dir, opts.cp_hosts_file.as_deref())?;
         let admin = format!("http://127.0.0.1:{admin_port}");
         let cp_health = format!("{admin}/health");
         if !wait_until(Duration::from_secs(20), || ok(&cp_health)).await {
@@ -467,37 +538,27 @@ impl Stack {
         }
 
         let (port, envoy_admin) = (free_port(), free_port());
-        // The same renderer as the quick start and docker compose.
-        let template_path = FrontDoor::current().template();
         let wasm = repo_root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
         let config_path = dir.join("envoy.yaml");
-        let rendered = std::process::Command::new("sh")
-            .arg(repo_root().join("envoy/render.sh"))
-            .arg(&config_path)
-            .env("ENVOY_TEMPLATE", repo_root().join(template_path))
-            .env("LISTEN_HOST", "127.0.0.1")
-            .env("LISTEN_PORT", port.to_string())
-            .env("ENVOY_ADMIN_PORT", envoy_admin.to_string())
-            .env("CONTROL_PLANE_HOST", "127.0.0.1")
-            .env("CONTROL_PLANE_GRPC_PORT", grpc_port.to_string())
-            .env("CONTROL_PLANE_ADMIN_PORT", admin_port.to_string())
-            .env("MAX_BODY_BYTES", opts.max_body_bytes.to_string())
-            .env("FILTER_WASM", wasm.display().to_string())
-            .env("ADMIN_ROUTES", if opts.admin_routes { "on" } else { "off" })
-            .env("FILTER_OPTIONS", &opts.filter_options)
-            .env(
-                "MAX_CONNECTIONS",
-                opts.max_connections.unwrap_or(10_000).to_string(),
-            )
-            // Envoy trusts and presents what the control plane does.
-            .envs(envoy_tls_env(&opts.cp_args))
-            .output()
-            .context("running envoy/render.sh")?;
-        if !rendered.status.success() {
-            bail!(
-                "envoy/render.sh failed for {template_path}: {}",
-                String::from_utf8_lossy(&rendered.stderr)
-            );
+        if let Some(config) = &opts.envoy_config {
+            let routed = if decodes.is_empty() {
+                &workers
+            } else {
+                &decodes
+            };
+            let env = EnvoyEnv {
+                dir: dir.clone(),
+                listen_port: port,
+                admin_port: envoy_admin,
+                cp_grpc_port: grpc_port,
+                cp_admin_port: admin_port,
+                wasm: wasm.clone(),
+                workers: routed.iter().map(SimWorker::address).collect(),
+            };
+            std::fs::write(&config_path, (config.0)(&env)?)?;
+        } else {
+            let ports = [port, envoy_admin, grpc_port, admin_port];
+            render_template(&opts, &config_path, &wasm, ports)?;
         }
         let envoy = Proc::spawn(
             "envoy",
@@ -524,6 +585,7 @@ impl Stack {
             cp,
             cp_args: args,
             cp_starts: 1,
+            cp_hosts_file: opts.cp_hosts_file.clone(),
             envoy,
         };
         // Ready when a request through Envoy reaches a worker (or, with no
@@ -651,11 +713,11 @@ impl Stack {
     pub async fn restart_control_plane(&mut self) -> anyhow::Result<()> {
         self.cp.kill();
         self.cp_starts += 1;
-        self.cp = Proc::spawn(
+        self.cp = spawn_control_plane(
             &format!("control-plane-{}", self.cp_starts),
-            &release_bin("sglang-envoy-control-plane"),
             &self.cp_args,
             &self.dir,
+            self.cp_hosts_file.as_deref(),
         )?;
         let health = format!("{}/health", self.admin);
         if !wait_until(Duration::from_secs(20), || ok(&health)).await {

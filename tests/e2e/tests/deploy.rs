@@ -639,8 +639,12 @@ fn envoy_config_exists_once() {
     }
     let mut files = Vec::new();
     walk(&root(), &mut files);
+    // Gateway-shaped skeletons (what istiod and Envoy Gateway generate
+    // themselves) are not copies of ours.
+    let shapes = root().join("tests/e2e/gateway-shapes");
     let copies: Vec<&PathBuf> = files
         .iter()
+        .filter(|p| !p.starts_with(&shapes))
         .filter(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("static_resources:")))
         .collect();
     let mut copies: Vec<PathBuf> = copies.into_iter().cloned().collect();
@@ -889,17 +893,58 @@ fn istio_envoyfilter_carries_the_template_settings() {
         &p["patch"]["value"]
     };
 
+    // The workers: the template's cluster settings, but the Service's pod
+    // addresses by DNS instead of EDS (a cluster added over CDS cannot be
+    // an xDS source).
     let workers = added("sglang_workers");
     let tw = cluster(&t, "sglang_workers");
     for key in [
-        "type",
         "connect_timeout",
         "per_connection_buffer_limit_bytes",
-        "eds_cluster_config",
+        "circuit_breakers",
         "load_balancing_policy",
     ] {
         assert_eq!(workers[key], tw[key], "sglang_workers.{key}");
     }
+    assert_eq!(s(&workers["type"]), "STRICT_DNS");
+    assert!(workers["eds_cluster_config"].is_null());
+    let k8s_docs = yaml_docs("deploy/control-plane.yaml");
+    let wsvc = doc(&k8s_docs, "Service", Some("sglang-workers"));
+    assert_eq!(wsvc["spec"]["publishNotReadyAddresses"], Value::Bool(true));
+    let waddr = &workers["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+        ["address"]["socket_address"];
+    assert_eq!(
+        format!("{}:{}", s(&waddr["address"]), s(&waddr["port_value"])),
+        format!(
+            "{}.{}.svc.cluster.local:{}",
+            s(&wsvc["metadata"]["name"]),
+            s(&wsvc["metadata"]["namespace"]),
+            s(&wsvc["spec"]["ports"][0]["port"])
+        )
+    );
+    // Every listener or route patch is limited to the Gateway's port.
+    let port = sglang_envoy_e2e::gateway::istio::gateway_port();
+    for p in patches.iter().filter(|p| p["applyTo"] != "CLUSTER") {
+        let m = &p["match"];
+        let n = m["listener"]["portNumber"]
+            .as_u64()
+            .or(m["routeConfiguration"]["portNumber"].as_u64());
+        assert_eq!(
+            n,
+            Some(port),
+            "{:?} patch without the Gateway's port",
+            p["applyTo"]
+        );
+    }
+    // The connection manager settings are the template's.
+    let nf = by("NETWORK_FILTER");
+    assert_eq!(nf.len(), 1);
+    let merged = &nf[0]["patch"]["value"]["typed_config"];
+    let th = hcm(&t);
+    for (k, v) in merged.as_mapping().unwrap() {
+        assert_eq!(&th[k.as_str().unwrap()], v, "HttpConnectionManager.{k:?}");
+    }
+    assert!(merged["local_reply_config"].is_mapping());
     let cp = added("sglang_control_plane");
     let tcp = cluster(&t, "sglang_control_plane");
     assert_eq!(
@@ -1056,6 +1101,52 @@ fn envoy_gateway_policies_match_the_template() {
         qs.cp_flags["--grpc-port"]
     );
     assert_eq!(s(&proc["processingMode"]["request"]["body"]), "Buffered");
+    // What envoy/envoy-ext-proc.yaml's filter has, as Envoy Gateway can say it.
+    let ext_t: Value = {
+        let mut env = qs.placeholders.clone();
+        env.insert("FILTER_WASM".into(), "/f.wasm".into());
+        env.insert(
+            "ENVOY_TEMPLATE".into(),
+            root()
+                .join("envoy/envoy-ext-proc.yaml")
+                .display()
+                .to_string(),
+        );
+        serde_yaml::from_str(&render(&env, "ext-proc")).unwrap()
+    };
+    let te = &wasm_filter(&ext_t)["typed_config"];
+    assert_eq!(
+        proc["processingMode"]["allowModeOverride"],
+        te["allow_mode_override"]
+    );
+    assert_eq!(
+        proc["processingMode"]["response"]["attributes"],
+        te["response_attributes"]
+    );
+    let secs = |v: &Value| s(v).trim_end_matches('s').parse::<f64>().unwrap();
+    assert!(
+        secs(&proc["messageTimeout"]) >= secs(&te["max_message_timeout"]),
+        "messageTimeout covers the longest wait the control plane asks for"
+    );
+    assert_eq!(proc["failOpen"], Value::Bool(false));
+
+    // The client buffer above the body limit; the template's path handling.
+    let ctp = doc(&gw, "ClientTrafficPolicy", None);
+    assert_eq!(
+        s(&ctp["spec"]["targetRefs"][0]["name"]),
+        s(&gateway["metadata"]["name"])
+    );
+    let limit = sglang_envoy_e2e::gateway::envoy_gateway::quantity(
+        &ctp["spec"]["connection"]["bufferLimit"],
+    );
+    assert_eq!(
+        Value::from(limit),
+        t["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"]
+    );
+    assert_eq!(
+        s(&ctp["spec"]["path"]["escapedSlashesAction"]),
+        "RejectRequest"
+    );
 
     // Variant B: the wasm filter with the template's filter settings, plus
     // the patch adding the control-plane cluster and the headers flag.
@@ -1089,10 +1180,40 @@ fn envoy_gateway_policies_match_the_template() {
         without(&cp_cluster["operation"]["value"], "load_assignment"),
         without(cluster(&t, "sglang_control_plane"), "load_assignment")
     );
-    assert!(patches.iter().any(|p| {
-        p["operation"]["path"].as_str() == Some("allow_on_headers_stop_iteration")
-            && p["operation"]["value"] == Value::Bool(true)
-    }));
+    let listener = format!(
+        "{}/{}/{}",
+        s(&gateway["metadata"]["namespace"]),
+        s(&gateway["metadata"]["name"]),
+        s(&gateway["spec"]["listeners"][0]["name"])
+    );
+    for (field, value) in [
+        (
+            "allow_on_headers_stop_iteration",
+            &tf["allow_on_headers_stop_iteration"],
+        ),
+        ("failure_policy", &tf["failure_policy"]),
+        ("reload_config", &tf["reload_config"]),
+    ] {
+        let p = patches
+            .iter()
+            .find(|p| {
+                p["operation"]["path"].as_str() == Some(&format!("typed_config/config/{field}"))
+            })
+            .unwrap_or_else(|| panic!("a patch setting {field}"));
+        assert_eq!(&p["operation"]["value"], value, "{field}");
+        assert_eq!(s(&p["name"]), listener);
+    }
+    // The module: an image, or a URL with a real checksum.
+    match s(&w["code"]["type"]).as_str() {
+        "Image" => assert!(w["code"]["image"]["url"].is_string()),
+        _ => {
+            let sha = s(&w["code"]["http"]["sha256"]);
+            assert!(
+                sha.len() == 64 && sha.chars().any(|c| c != '0'),
+                "sha256 {sha}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -1317,5 +1438,53 @@ fn every_deploy_yaml_parses_with_kind_and_api_version() {
             assert!(d["kind"].is_string(), "{rel}: kind");
             assert!(d["metadata"]["name"].is_string(), "{rel}: metadata.name");
         }
+    }
+}
+
+/// docker compose is safe by default: its Envoy publishes the admin API on
+/// the client port (ADMIN_ROUTES defaults to on) only with every route
+/// marked as coming from a client, so that the control plane (which compose
+/// starts without --admin-token) refuses changes to the workers there
+/// (admin_security.rs shows the refusal on a real Envoy).
+#[test]
+fn compose_client_port_cannot_change_the_workers() {
+    let c = compose();
+    let mut env = env_of(&c["services"]["envoy"]);
+    for v in env.values_mut() {
+        *v = interpolate_defaults(v);
+    }
+    env.retain(|_, v| !v.is_empty());
+    assert!(
+        !env.contains_key("ADMIN_ROUTES"),
+        "compose keeps render.sh's default"
+    );
+    let b: Value = serde_yaml::from_str(&render(&env, "compose-admin")).unwrap();
+    let routes = hcm(&b)["route_config"]["virtual_hosts"][0]["routes"]
+        .as_sequence()
+        .unwrap();
+    let admin: Vec<&Value> = routes
+        .iter()
+        .filter(|r| r["route"]["cluster"].as_str() == Some("sglang_control_plane_admin"))
+        .collect();
+    assert!(admin.iter().any(|r| r["match"]["path"] == "/add_worker"));
+    for r in admin {
+        let marks = r["request_headers_to_add"].as_sequence().expect("marked");
+        assert!(
+            marks
+                .iter()
+                .any(|h| h["header"]["key"] == "x-sglang-envoy-client-port"
+                    && h["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD"),
+            "{:?} is not marked as a client's",
+            r["match"]
+        );
+    }
+    let cp = interpolate_defaults(&s(&c["services"]["control-plane"]["command"]));
+    assert!(!cp.contains("--admin-token"), "no token in the file itself");
+    // The gateway recipes route nothing to the admin API.
+    for f in [
+        "deploy/istio/envoyfilter.yaml",
+        "deploy/envoy-gateway/gateway.yaml",
+    ] {
+        assert!(!read(f).contains("30010"), "{f} exposes the admin port");
     }
 }
