@@ -400,7 +400,10 @@ fn spawn_control_plane(
     };
     // The bind mount is private to the namespace (unshare's default
     // propagation), so the machine's /etc/hosts is untouched.
+    // --map-root-user: a user namespace lets a user who is not root mount
+    // too, where the kernel allows unprivileged user namespaces.
     let mut all: Vec<String> = [
+        "--map-root-user",
         "--mount",
         "sh",
         "-c",
@@ -418,7 +421,13 @@ fn spawn_control_plane(
 /// ([`StackOptions::cp_hosts_file`]): `unshare` and the right to mount.
 pub fn hosts_file_supported() -> bool {
     std::process::Command::new("unshare")
-        .args(["--mount", "sh", "-c", "mount --bind /etc/hosts /etc/hosts"])
+        .args([
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            "mount --bind /etc/hosts /etc/hosts",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
