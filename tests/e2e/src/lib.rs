@@ -55,6 +55,14 @@ pub async fn expect_openai_error(r: reqwest::Response, status: u16) -> String {
         .to_string()
 }
 
+/// The first `data:` event of a server-sent-events answer, parsed.
+pub fn first_sse_event(text: &str) -> serde_json::Value {
+    text.split("\n\n")
+        .find_map(|e| e.strip_prefix("data: "))
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap_or_else(|| panic!("no first event in {text:?}"))
+}
+
 /// Polls `check` every 50 ms until it returns true or `timeout` passes.
 pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> bool
 where

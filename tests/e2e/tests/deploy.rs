@@ -15,6 +15,7 @@ use std::process::Command;
 use regex::Regex;
 use serde::Deserialize;
 use serde_yaml::Value;
+use sglang_envoy_e2e::gateway::find_doc;
 
 fn root() -> PathBuf {
     sglang_envoy_e2e::repo_root()
@@ -31,17 +32,6 @@ fn yaml_docs(rel: &str) -> Vec<Value> {
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{rel} is not YAML: {e}")))
         .filter(|v| !v.is_null())
         .collect()
-}
-
-/// The one document of `rel` with this `kind` (and `name`, when given).
-fn doc<'a>(docs: &'a [Value], kind: &str, name: Option<&str>) -> &'a Value {
-    let found: Vec<&Value> = docs
-        .iter()
-        .filter(|d| d["kind"].as_str() == Some(kind))
-        .filter(|d| name.is_none_or(|n| d["metadata"]["name"].as_str() == Some(n)))
-        .collect();
-    assert_eq!(found.len(), 1, "exactly one {kind} {name:?}");
-    found[0]
 }
 
 fn s(v: &Value) -> String {
@@ -874,7 +864,7 @@ fn istio_envoyfilter_carries_the_template_settings() {
     let t = template();
     let qs = quickstart();
     let docs = yaml_docs("deploy/istio/envoyfilter.yaml");
-    let ef = doc(&docs, "EnvoyFilter", Some("sglang-router"));
+    let ef = find_doc(&docs, "EnvoyFilter", Some("sglang-router"));
     assert_eq!(s(&ef["apiVersion"]), "networking.istio.io/v1alpha3");
     let patches = ef["spec"]["configPatches"].as_sequence().unwrap();
     let by = |apply: &str| -> Vec<&Value> {
@@ -909,7 +899,7 @@ fn istio_envoyfilter_carries_the_template_settings() {
     assert_eq!(s(&workers["type"]), "STRICT_DNS");
     assert!(workers["eds_cluster_config"].is_null());
     let k8s_docs = yaml_docs("deploy/control-plane.yaml");
-    let wsvc = doc(&k8s_docs, "Service", Some("sglang-workers"));
+    let wsvc = find_doc(&k8s_docs, "Service", Some("sglang-workers"));
     assert_eq!(wsvc["spec"]["publishNotReadyAddresses"], Value::Bool(true));
     let waddr = &workers["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
         ["address"]["socket_address"];
@@ -954,7 +944,7 @@ fn istio_envoyfilter_carries_the_template_settings() {
     let addr = &cp["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
         ["socket_address"];
     let k8s = yaml_docs("deploy/control-plane.yaml");
-    let svc = doc(&k8s, "Service", Some("sglang-control-plane"));
+    let svc = find_doc(&k8s, "Service", Some("sglang-control-plane"));
     assert_eq!(
         s(&addr["address"]),
         format!(
@@ -1016,9 +1006,9 @@ fn istio_envoyfilter_carries_the_template_settings() {
     }
     let route_name = s(&routes[0]["match"]["routeConfiguration"]["vhost"]["route"]["name"]);
     let gw = yaml_docs("deploy/istio/gateway.yaml");
-    let vs = doc(&gw, "VirtualService", None);
+    let vs = find_doc(&gw, "VirtualService", None);
     assert_eq!(s(&vs["spec"]["http"][0]["name"]), route_name);
-    let gateway = doc(&gw, "Gateway", None);
+    let gateway = find_doc(&gw, "Gateway", None);
     assert_eq!(
         gateway["spec"]["selector"],
         ef["spec"]["workloadSelector"]["labels"]
@@ -1041,14 +1031,14 @@ fn envoy_gateway_policies_match_the_template() {
     let t = template();
     let qs = quickstart();
     let k8s = yaml_docs("deploy/control-plane.yaml");
-    let cp_svc = doc(&k8s, "Service", Some("sglang-control-plane"));
-    let workers_svc = doc(&k8s, "Service", Some("sglang-workers"));
+    let cp_svc = find_doc(&k8s, "Service", Some("sglang-control-plane"));
+    let workers_svc = find_doc(&k8s, "Service", Some("sglang-workers"));
     let ns = s(&cp_svc["metadata"]["namespace"]);
 
     let gw = yaml_docs("deploy/envoy-gateway/gateway.yaml");
-    let gateway = doc(&gw, "Gateway", Some("sglang"));
+    let gateway = find_doc(&gw, "Gateway", Some("sglang"));
     assert_eq!(s(&gateway["apiVersion"]), "gateway.networking.k8s.io/v1");
-    let route = doc(&gw, "HTTPRoute", Some("sglang"));
+    let route = find_doc(&gw, "HTTPRoute", Some("sglang"));
     assert_eq!(s(&route["apiVersion"]), "gateway.networking.k8s.io/v1");
     assert_eq!(
         s(&route["spec"]["parentRefs"][0]["name"]),
@@ -1064,7 +1054,7 @@ fn envoy_gateway_policies_match_the_template() {
     );
 
     // Endpoint override on the template's header; the template's retries.
-    let btp = doc(&gw, "BackendTrafficPolicy", None);
+    let btp = find_doc(&gw, "BackendTrafficPolicy", None);
     assert_eq!(s(&btp["apiVersion"]), "gateway.envoyproxy.io/v1alpha1");
     assert_eq!(s(&btp["spec"]["targetRefs"][0]["kind"]), "HTTPRoute");
     assert_eq!(s(&btp["spec"]["targetRefs"][0]["name"]), "sglang");
@@ -1087,7 +1077,7 @@ fn envoy_gateway_policies_match_the_template() {
 
     // Variant A: ext_proc to the control plane's gRPC port, body buffered.
     let ext = yaml_docs("deploy/envoy-gateway/extproc.yaml");
-    let eep = doc(&ext, "EnvoyExtensionPolicy", None);
+    let eep = find_doc(&ext, "EnvoyExtensionPolicy", None);
     assert_eq!(s(&eep["apiVersion"]), "gateway.envoyproxy.io/v1alpha1");
     assert_eq!(s(&eep["metadata"]["namespace"]), ns);
     assert_eq!(s(&eep["spec"]["targetRefs"][0]["name"]), "sglang");
@@ -1131,7 +1121,7 @@ fn envoy_gateway_policies_match_the_template() {
     assert_eq!(proc["failOpen"], Value::Bool(false));
 
     // The client buffer above the body limit; the template's path handling.
-    let ctp = doc(&gw, "ClientTrafficPolicy", None);
+    let ctp = find_doc(&gw, "ClientTrafficPolicy", None);
     assert_eq!(
         s(&ctp["spec"]["targetRefs"][0]["name"]),
         s(&gateway["metadata"]["name"])
@@ -1151,7 +1141,7 @@ fn envoy_gateway_policies_match_the_template() {
     // Variant B: the wasm filter with the template's filter settings, plus
     // the patch adding the control-plane cluster and the headers flag.
     let wasm_docs = yaml_docs("deploy/envoy-gateway/wasm.yaml");
-    let wp = doc(&wasm_docs, "EnvoyExtensionPolicy", None);
+    let wp = find_doc(&wasm_docs, "EnvoyExtensionPolicy", None);
     let w = &wp["spec"]["wasm"][0];
     let tf = &wasm_filter(&t)["typed_config"]["config"];
     assert_eq!(s(&w["rootID"]), s(&tf["root_id"]));
@@ -1161,7 +1151,7 @@ fn envoy_gateway_policies_match_the_template() {
         serde_json::from_str(&serde_json::to_string(&w["config"]).unwrap()).unwrap();
     assert_eq!(conf, template_conf);
     assert!(["HTTP", "Image"].contains(&s(&w["code"]["type"]).as_str()));
-    let epp = doc(&wasm_docs, "EnvoyPatchPolicy", None);
+    let epp = find_doc(&wasm_docs, "EnvoyPatchPolicy", None);
     assert_eq!(s(&epp["spec"]["targetRef"]["name"]), "sglang");
     let patches = epp["spec"]["jsonPatches"].as_sequence().unwrap();
     let cp_cluster = patches
@@ -1220,7 +1210,7 @@ fn envoy_gateway_policies_match_the_template() {
 fn kubernetes_control_plane_uses_the_quickstart_flags() {
     let qs = quickstart();
     let k8s = yaml_docs("deploy/control-plane.yaml");
-    let dep = doc(&k8s, "Deployment", Some("sglang-control-plane"));
+    let dep = find_doc(&k8s, "Deployment", Some("sglang-control-plane"));
     assert_eq!(s(&dep["apiVersion"]), "apps/v1");
     assert_eq!(
         dep["spec"]["replicas"].as_u64(),
@@ -1258,7 +1248,7 @@ fn kubernetes_control_plane_uses_the_quickstart_flags() {
         f["--admin-port"]
     );
 
-    let svc = doc(&k8s, "Service", Some("sglang-control-plane"));
+    let svc = find_doc(&k8s, "Service", Some("sglang-control-plane"));
     assert_eq!(
         svc["spec"]["selector"],
         dep["spec"]["selector"]["matchLabels"]
@@ -1275,7 +1265,7 @@ fn kubernetes_control_plane_uses_the_quickstart_flags() {
     assert_eq!(svc_ports, ports);
 
     // Worker URLs name pods of the headless workers Service.
-    let workers = doc(&k8s, "Service", Some("sglang-workers"));
+    let workers = find_doc(&k8s, "Service", Some("sglang-workers"));
     assert_eq!(s(&workers["spec"]["clusterIP"]), "None");
     let port = s(&workers["spec"]["ports"][0]["port"]);
     let suffix = format!(

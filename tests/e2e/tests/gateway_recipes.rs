@@ -284,11 +284,7 @@ async fn pd_fleet(config: EnvoyConfig) {
         .text()
         .await
         .unwrap();
-    let first: Value = text
-        .split("\n\n")
-        .find_map(|e| e.strip_prefix("data: "))
-        .and_then(|d| serde_json::from_str(d).ok())
-        .expect("a first event");
+    let first = sglang_envoy_e2e::first_sse_event(&text);
     assert!(
         first["meta_info"]["input_token_logprobs"]
             .as_array()

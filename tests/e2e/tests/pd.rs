@@ -266,11 +266,7 @@ async fn prefill_input_logprobs_are_merged_into_the_decode_answer() {
         .text()
         .await
         .unwrap();
-    let first: Value = text
-        .split("\n\n")
-        .find_map(|e| e.strip_prefix("data: "))
-        .and_then(|d| serde_json::from_str(d).ok())
-        .expect("a first event");
+    let first = sglang_envoy_e2e::first_sse_event(&text);
     assert_eq!(
         first["meta_info"]["input_token_logprobs"]
             .as_array()
