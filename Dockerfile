@@ -3,6 +3,7 @@
 #   the wasm filter   -> target `filter`        (copies it into a volume Envoy mounts)
 #   the control plane -> target `control-plane` (the default)
 #   the sim worker    -> target `sim-worker`    (demo backend, no GPU)
+#   the wasm filter as an OCI image -> target `wasm-image` (deploy/envoy-gateway/wasm.yaml)
 # Build one by hand with e.g. `docker build --target control-plane -t sglang-envoy-control-plane .`
 #
 # Plain Dockerfile syntax (no BuildKit-only features), so the classic builder
@@ -46,6 +47,11 @@ COPY --from=build /out/sglang-sim-worker /usr/local/bin/sglang-sim-worker
 EXPOSE 31001
 ENTRYPOINT ["sglang-sim-worker"]
 CMD ["--host", "0.0.0.0", "--port", "31001"]
+
+# The wasm filter as an image for Envoy Gateway's (and Istio's) wasm
+# `code.type: Image`: one layer holding /plugin.wasm, the layout both pull.
+FROM scratch AS wasm-image
+COPY --from=build /out/sglang_envoy_filter.wasm /plugin.wasm
 
 # The control plane: admin API + metrics on 30010, gRPC (filter + EDS) on 30011.
 FROM runtime AS control-plane

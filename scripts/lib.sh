@@ -69,11 +69,18 @@ ensure_cargo_fuzz() {
 # runs found (fuzz/corpus/TARGET, not kept in git). A failed property stops
 # with the input in filter/body/fuzz/artifacts/TARGET/.
 run_fuzz() {
-  local secs="$1" t
+  local secs="$1" t targets
   (
     cd "$ROOT/filter/body"
     cargo fmt --manifest-path fuzz/Cargo.toml -- --check
-    for t in $(RUSTC_BOOTSTRAP=1 cargo fuzz list); do
+    # An assignment, not the loop's word list: a failing `cargo fuzz list`
+    # must stop the run (set -e), not fuzz nothing and pass.
+    targets=$(RUSTC_BOOTSTRAP=1 cargo fuzz list)
+    if [ -z "$targets" ]; then
+      echo "run_fuzz: cargo fuzz list found no targets" >&2
+      exit 1
+    fi
+    for t in $targets; do
       log "fuzzing $t for ${secs}s"
       mkdir -p "fuzz/corpus/$t"
       RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \

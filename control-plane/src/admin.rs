@@ -1,26 +1,27 @@
 //! The admin HTTP API: sglang-router's `/add_worker`, `/remove_worker`,
 //! `/list_workers`, `/get_loads`, `/health`, `/liveness`, `/readiness`,
-//! `/metrics`, and the JSON
-//! `/workers` API. Served on `--admin-port` and, through Envoy, on the
-//! client port.
+//! `/metrics`, and the JSON `/workers` API (`workers.rs`). Served on
+//! `--admin-port` and, through Envoy, on the client port.
+
+mod workers;
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 use sglang_envoy_body::openai_error_json;
 use tracing::info;
 
 use crate::config::parse_bootstrap_port;
 use crate::engine::{Engine, WorkerChangeError};
-use crate::workers::{HealthChecker, RegistryError, Role, Worker, WorkerSpec};
+use crate::enrollment::Enrollment;
+use crate::workers::{HealthChecker, RegistryError, Role, Worker, WorkerId, WorkerSpec};
 
 /// The header Envoy adds (overwriting any a client sent) to requests that
 /// reach the admin API through its client port, as `envoy/envoy.yaml`'s
@@ -34,6 +35,8 @@ pub struct AdminState {
     pub engine: Arc<Engine>,
     /// Checks workers as they are added.
     pub health: Arc<HealthChecker>,
+    /// Registers workers (now, or in the background until they answer).
+    pub enrollment: Arc<Enrollment>,
     /// `--admin-token`: required as `Authorization: Bearer ...` to change
     /// the worker set.
     pub token: Option<Arc<str>>,
@@ -46,8 +49,8 @@ pub fn router(state: AdminState) -> Router {
     let mutating = Router::new()
         .route("/add_worker", post(add_worker_query))
         .route("/remove_worker", post(remove_worker_query))
-        .route("/workers", post(add_worker_json))
-        .route("/workers/{*url}", delete(remove_worker_path))
+        .route("/workers", post(workers::add))
+        .route("/workers/{*target}", delete(workers::remove))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/list_workers", get(list_workers))
@@ -56,9 +59,11 @@ pub fn router(state: AdminState) -> Router {
         .route("/liveness", get(health))
         .route("/readiness", get(readiness))
         .route("/metrics", get(metrics))
-        .route("/workers", get(workers_json))
+        .route("/workers", get(workers::list))
+        .route("/workers/{*target}", get(workers::get))
         .merge(mutating)
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -135,7 +140,8 @@ impl IntoResponse for WorkerChangeError {
         let status = match self {
             WorkerChangeError::Registry(RegistryError::NotFound(_)) => StatusCode::NOT_FOUND,
             WorkerChangeError::Registry(RegistryError::Duplicate(_))
-            | WorkerChangeError::Registry(RegistryError::SameServer(..)) => StatusCode::BAD_REQUEST,
+            | WorkerChangeError::Registry(RegistryError::SameServer(..))
+            | WorkerChangeError::Registry(RegistryError::DuplicateId(_)) => StatusCode::BAD_REQUEST,
             WorkerChangeError::Address(_) => StatusCode::BAD_REQUEST,
             WorkerChangeError::WrongMode(_) => StatusCode::BAD_REQUEST,
             WorkerChangeError::DpSize(..) => StatusCode::SERVICE_UNAVAILABLE,
@@ -151,45 +157,6 @@ struct UrlParam {
     url: Option<String>,
     worker_type: Option<String>,
     bootstrap_port: Option<String>,
-}
-
-#[derive(Serialize)]
-struct WorkerView {
-    url: String,
-    base_url: String,
-    host: String,
-    endpoint: String,
-    worker_type: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dp_rank: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    bootstrap_port: Option<Option<u16>>,
-    healthy: bool,
-    /// Circuit breaker: `closed`, `open` or `half_open`.
-    circuit: &'static str,
-    /// Consecutive failures counted towards opening the circuit.
-    consecutive_failures: u32,
-    load: usize,
-    processed: usize,
-}
-
-impl From<&Arc<Worker>> for WorkerView {
-    fn from(w: &Arc<Worker>) -> Self {
-        WorkerView {
-            url: w.url.clone(),
-            base_url: w.base_url.clone(),
-            host: w.host.clone(),
-            endpoint: w.endpoint_text.clone(),
-            worker_type: w.role().as_str(),
-            dp_rank: w.dp_rank,
-            bootstrap_port: (w.role() == Role::Prefill).then_some(w.spec.bootstrap_port),
-            healthy: w.is_healthy(),
-            circuit: w.circuit().state().as_str(),
-            consecutive_failures: w.circuit().failures(),
-            load: w.load(),
-            processed: w.processed(),
-        }
-    }
 }
 
 /// The spec an admin request asks for. Without `worker_type`, a PD router
@@ -222,7 +189,10 @@ async fn add(
     url: &str,
     spec: WorkerSpec,
 ) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
-    let units = state.engine.add_worker(url, spec).await?;
+    let units = state
+        .engine
+        .add_worker(url, spec, WorkerId::random())
+        .await?;
     if let Some(first) = units.first() {
         let healthy = state.health.admit(first).await;
         info!(worker = %first.base_url, role = spec.role.as_str(), units = units.len(), healthy, "worker added");
@@ -230,12 +200,28 @@ async fn add(
     Ok(units)
 }
 
+/// Unregisters the server at `url`, or stops its background registration
+/// (then no unit is returned).
 fn remove(state: &AdminState, url: &str) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
-    let units = state.engine.remove_worker(url)?;
-    if let Some(first) = units.first() {
-        info!(worker = %first.base_url, "worker removed");
+    match state.engine.remove_worker(url) {
+        Ok(units) => {
+            if let Some(first) = units.first() {
+                info!(worker = %first.base_url, id = %first.id, "worker removed");
+            }
+            Ok(units)
+        }
+        Err(WorkerChangeError::Registry(RegistryError::NotFound(normalised))) => {
+            match state.enrollment.job_by_url(&normalised) {
+                Some(job) => {
+                    state.enrollment.cancel(job.id);
+                    info!(worker = %job.url, id = %job.id, "worker registration cancelled");
+                    Ok(Vec::new())
+                }
+                None => Err(RegistryError::NotFound(normalised).into()),
+            }
+        }
+        Err(e) => Err(e),
     }
-    Ok(units)
 }
 
 fn missing_url() -> Response {
@@ -370,67 +356,14 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         .into_response()
 }
 
-async fn workers_json(State(s): State<AdminState>) -> Response {
-    let all = s.engine.registry().all();
-    let workers: Vec<WorkerView> = all.iter().map(WorkerView::from).collect();
-    Json(json!({
-        "workers": workers,
-        "total": workers.len(),
-        "healthy": workers.iter().filter(|w| w.healthy).count(),
-        "in_flight": s.engine.in_flight(),
-    }))
-    .into_response()
-}
-
-#[derive(Deserialize)]
-struct AddWorkerBody {
-    url: String,
-    #[serde(default)]
-    worker_type: Option<String>,
-    /// A port, or null / absent for `none`.
-    #[serde(default)]
-    bootstrap_port: Option<u16>,
-}
-
-async fn add_worker_json(State(s): State<AdminState>, body: Bytes) -> Response {
-    let req: AddWorkerBody = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                &format!("expected {{\"url\": \"http://host:port\"}}: {e}"),
-            )
-        }
-    };
-    let spec = match spec_of(&s, req.worker_type.as_deref(), Some(req.bootstrap_port)) {
-        Ok(spec) => spec,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", &e),
-    };
-    match add(&s, &req.url, spec).await {
-        Ok(units) => {
-            let views: Vec<WorkerView> = units.iter().map(WorkerView::from).collect();
-            match views.as_slice() {
-                [one] => (StatusCode::OK, Json(json!(one))).into_response(),
-                _ => (StatusCode::OK, Json(json!({ "units": views }))).into_response(),
-            }
-        }
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn remove_worker_path(State(s): State<AdminState>, Path(url): Path<String>) -> Response {
-    match remove(&s, &url) {
-        Ok(units) => Json(json!({
-            "status": "removed",
-            "url": units.first().map_or(url.as_str(), |w| w.base_url.as_str()),
-            "units": units.len(),
-        }))
-        .into_response(),
-        Err(e) => e.into_response(),
-    }
-}
-
 async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint")
+}
+
+async fn method_not_allowed() -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "this admin endpoint does not take that method",
+    )
 }

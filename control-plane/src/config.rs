@@ -25,6 +25,25 @@ pub enum PolicyKind {
     /// start soonest, weighing the prefill its cache saves against the
     /// prefill work queued on it (see docs/cost-aware-policy.md).
     CostAware,
+    /// sglang-router's sticky sessions: requests with the same
+    /// `X-SMG-Routing-Key` header go to the same worker (another one only
+    /// while it is unhealthy); requests without it as `--assignment-mode`.
+    Manual,
+}
+
+/// How the `manual` policy picks a worker for a routing key it has not
+/// seen (or whose workers are all unhealthy), and for requests without a
+/// key (sglang-router 0.3.2's `--assignment-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum AssignmentMode {
+    /// Uniformly random healthy worker.
+    Random,
+    /// The healthy worker with the fewest requests in flight (ties at random).
+    MinLoad,
+    /// The healthy worker with the fewest distinct routing keys among its
+    /// requests in flight (ties at random).
+    MinGroup,
 }
 
 /// `--wire-profile`: which spelling of SGLang's DP and PD fields to write.
@@ -105,9 +124,24 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "auto")]
     pub wire_profile: WireProfileFlag,
 
-    /// How long to keep trying to read a worker's `dp_size` at startup.
-    #[arg(long, default_value_t = 600)]
+    /// How long a worker that cannot be registered yet (its host name does
+    /// not resolve; with --dp-aware, it does not tell its dp_size) keeps
+    /// being tried, and how long a worker that is not healthy is probed on
+    /// the fast schedule (every 1-3 s) before backing off to the interval.
+    #[arg(long, default_value_t = 1800)]
     pub worker_startup_timeout_secs: u64,
+
+    /// Seconds between re-resolutions of workers' DNS names (a pod that moves
+    /// keeps its name, not its IP; Envoy is given IPs). 0: resolve once.
+    #[arg(long, default_value_t = 10)]
+    pub dns_refresh_secs: u64,
+
+    /// Accepted for sglang-router launch lines. In sglang-router 0.3.2 it is
+    /// the period of power_of_two's `GET /get_load` poll; this router's
+    /// power_of_two compares its own live in-flight counts, so there is
+    /// nothing to poll.
+    #[arg(long, default_value_t = 30)]
+    pub worker_startup_check_interval: u64,
 
     /// Prefix match rate (0..1) above which cache_aware sends a request to the
     /// worker holding the longest match.
@@ -132,7 +166,17 @@ pub struct Args {
     #[arg(long, default_value_t = 0.5)]
     pub cost_queue_weight: f64,
 
-    /// Seconds between LRU evictions of the approximate trees.
+    /// manual: a routing key not seen for this long is forgotten (checked
+    /// every --eviction-interval-secs; 0 keeps keys forever).
+    #[arg(long, default_value_t = 14400)]
+    pub max_idle_secs: u64,
+
+    /// manual: how a new routing key, or a request without one, gets its worker.
+    #[arg(long, value_enum, default_value = "random")]
+    pub assignment_mode: AssignmentMode,
+
+    /// Seconds between LRU evictions of the approximate trees (and of the
+    /// manual policy's idle routing keys).
     #[arg(long, default_value_t = 60)]
     pub eviction_interval_secs: u64,
 
@@ -342,7 +386,10 @@ impl Args {
         if self.balance_rel_threshold < 1.0 {
             return Err("--balance-rel-threshold must be at least 1.0".into());
         }
-        if self.health_check_interval_secs == 0 || self.eviction_interval_secs == 0 {
+        if self.health_check_interval_secs == 0
+            || self.eviction_interval_secs == 0
+            || self.worker_startup_check_interval == 0
+        {
             return Err("intervals must be at least one second".into());
         }
         if self.retry_max_retries == 0 {
@@ -511,6 +558,11 @@ mod tests {
         assert_eq!(a.health_check_interval_secs, 60);
         assert_eq!(a.health_failure_threshold, 3);
         assert_eq!(a.wire_profile.forced(), None, "auto by default");
+        assert_eq!(a.max_idle_secs, 14400);
+        assert_eq!(a.worker_startup_timeout_secs, 1800);
+        assert_eq!(a.dns_refresh_secs, 10);
+        assert_eq!(a.worker_startup_check_interval, 30);
+        assert_eq!(a.assignment_mode, AssignmentMode::Random);
         assert!(a.validate().is_ok());
         let seeds = Args::parse_from(["cp", "--wire-profile", "seeds"]);
         assert_eq!(
@@ -618,6 +670,31 @@ mod tests {
                 "Both --client-cert-path and --client-key-path must be specified together"
             );
         }
+    }
+
+    #[test]
+    fn manual_policy_flags_as_sglang_router_takes_them() {
+        let a = Args::parse_from([
+            "cp",
+            "--policy",
+            "manual",
+            "--assignment-mode",
+            "min_group",
+            "--max-idle-secs",
+            "60",
+        ]);
+        assert_eq!(a.policy, PolicyKind::Manual);
+        assert_eq!(a.assignment_mode, AssignmentMode::MinGroup);
+        assert_eq!(a.max_idle_secs, 60);
+        let pd = Args::parse_from([
+            "cp",
+            "--prefill-policy",
+            "manual",
+            "--decode-policy",
+            "manual",
+        ]);
+        assert_eq!(pd.prefill_policy, Some(PolicyKind::Manual));
+        assert!(Args::try_parse_args(["cp", "--assignment-mode", "bucket"]).is_err());
     }
 
     #[test]

@@ -18,9 +18,11 @@ use crate::metrics::Metrics;
 use crate::pd::{self, PrefillDispatcher, PrefillJob, RidSource};
 use crate::policy::{Policy, RouteInput};
 use crate::retry::{self, RetryOptions};
-use crate::tickets::{Counted, Tickets};
+use crate::routing_key::RoutingKey;
+use crate::tickets::{Held, Tickets};
 use crate::workers::{
-    AddressError, AddressPolicy, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerSpec,
+    AddressError, AddressPolicy, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerId,
+    WorkerSpec,
 };
 
 /// Why an admin change to the worker set failed.
@@ -39,6 +41,17 @@ pub enum WorkerChangeError {
     /// could not be read.
     #[error("cannot read dp_size of {0}: {1}")]
     DpSize(String, String),
+}
+
+impl WorkerChangeError {
+    /// The worker cannot be reached yet (its host name does not resolve, or
+    /// it does not tell its `dp_size`): trying again later may succeed.
+    pub fn is_not_ready(&self) -> bool {
+        matches!(
+            self,
+            WorkerChangeError::Address(AddressError::Resolve(..)) | WorkerChangeError::DpSize(..)
+        )
+    }
 }
 
 /// The policies of each role.
@@ -264,15 +277,13 @@ impl Engine {
             return self.no_workers(Role::Regular);
         }
 
-        let input = RouteInput {
-            text: &req.routing_text,
-        };
+        let input = route_input(req);
         let selection = self.policies.regular.select(&serving, &input);
         let Some(worker) = serving.get(selection.index) else {
             return reject(503, "service_unavailable", "no worker could be chosen");
         };
         let plan = retry::plan(&serving, selection.index, &self.options.retry);
-        self.count(&plan, req.ticket, selection.work);
+        self.count(&plan, req.ticket, selection.work, input.routing_key);
         self.metrics
             .decided(route.path(), selection.cache, elapsed(started));
         debug!(path = %req.path, worker = %worker.url, cache = ?selection.cache, "routed");
@@ -306,9 +317,7 @@ impl Engine {
         if decodes.is_empty() {
             return self.no_workers(Role::Decode);
         }
-        let input = RouteInput {
-            text: &req.routing_text,
-        };
+        let input = route_input(req);
         let p = self.policies.prefill.select(&prefills, &input);
         let d = self.policies.decode.select(decodes, &input);
         let (Some(prefill), Some(decode)) = (prefills.get(p.index), decodes.get(d.index)) else {
@@ -321,7 +330,7 @@ impl Engine {
         };
         let want_logprobs = pd::wants_input_logprobs(route, &body);
         let plan = retry::plan(decodes, d.index, &self.options.retry);
-        self.count(&plan, req.ticket, d.work);
+        self.count(&plan, req.ticket, d.work, input.routing_key);
         self.prefill.dispatch(
             req.ticket,
             PrefillJob {
@@ -335,6 +344,7 @@ impl Engine {
                 body: prefill_body,
                 want_logprobs,
                 work: p.work,
+                routing_key: input.routing_key,
             },
         );
         self.metrics
@@ -348,21 +358,19 @@ impl Engine {
         response
     }
 
-    /// Counts a request (and its estimated `work`) on the first unit of
-    /// `plan` until `ticket` is reported finished.
-    fn count(&self, plan: &[Arc<Worker>], ticket: u64, work: u64) {
+    /// Counts a request (its estimated `work`, its routing key) on the first
+    /// unit of `plan` until `ticket` is reported finished.
+    fn count(&self, plan: &[Arc<Worker>], ticket: u64, work: u64, key: Option<RoutingKey>) {
         let Some(worker) = plan.first() else {
             return;
         };
-        worker.start(work);
-        let counted = Counted {
-            worker: worker.clone(),
-            work,
-            plan: plan.to_vec(),
-        };
-        if ticket == 0 || !self.tickets.open(ticket, counted) {
-            // No ticket to report the end with, or the end came first.
-            worker.finish(work);
+        let held = Held::start(worker.clone(), work, key).with_plan(plan.to_vec());
+        if ticket == 0 {
+            // No ticket to report the end with.
+            held.release();
+        } else {
+            // Released at once if the end came first.
+            self.tickets.open(ticket, held);
         }
     }
 
@@ -443,6 +451,19 @@ impl Engine {
         self.prefill.wait(ticket).await
     }
 
+    /// Records what a request's attempts say about their workers as soon as
+    /// its answer starts with a failure, before the client sees it (and
+    /// sends its next request). Its end, reported later, records nothing
+    /// more.
+    pub fn record_outcome(&self, c: &Completion) {
+        let Some(plan) = self.tickets.take_plan(c.ticket) else {
+            return;
+        };
+        for (tried, ok) in retry::outcomes(&plan, c) {
+            self.registry.record_outcome(&tried, ok);
+        }
+    }
+
     /// Releases a finished request's load. Returns the worker when Envoy had
     /// to fail over away from it, so the caller can check its health.
     pub fn complete(&self, c: &Completion) -> Option<Arc<Worker>> {
@@ -452,12 +473,12 @@ impl Engine {
         if self.options.pd {
             self.prefill.finish(c.ticket);
         }
-        let counted = self.tickets.close(c.ticket)?;
-        let worker = counted.worker;
-        worker.finish(counted.work);
-        for (tried, ok) in retry::outcomes(&counted.plan, c) {
+        let held = self.tickets.close(c.ticket)?;
+        held.release();
+        for (tried, ok) in retry::outcomes(&held.plan, c) {
             self.registry.record_outcome(&tried, ok);
         }
+        let worker = held.worker;
         let failed_over = !c.upstream_host.is_empty() && c.upstream_host != worker.endpoint_text;
         self.metrics.finished(
             c.duration_us as f64 / 1e6,
@@ -472,13 +493,10 @@ impl Engine {
         failed_over.then_some(worker)
     }
 
-    /// Registers a server: one routing unit, or one per DP rank with
-    /// `--dp-aware`. The caller checks its health.
-    pub async fn add_worker(
-        &self,
-        url: &str,
-        spec: WorkerSpec,
-    ) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
+    /// What can be told of a worker without calling anything: that this
+    /// router's mode takes its role and that its URL is well formed.
+    /// Returns the normalised URL.
+    pub fn check_worker(&self, url: &str, spec: WorkerSpec) -> Result<String, WorkerChangeError> {
         let wanted = if self.options.pd {
             "prefill or decode"
         } else {
@@ -491,6 +509,18 @@ impl Engine {
                 spec.role.as_str()
             )));
         }
+        Ok(WorkerAddress::normalise(url)?.0)
+    }
+
+    /// Registers a server as `id`: one routing unit, or one per DP rank with
+    /// `--dp-aware`. The caller checks its health.
+    pub async fn add_worker(
+        &self,
+        url: &str,
+        spec: WorkerSpec,
+        id: WorkerId,
+    ) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
+        self.check_worker(url, spec)?;
         let address = WorkerAddress::resolve(url).await?;
         self.options.addresses.check(url, address.endpoint)?;
         if self.registry.contains(&address.url) {
@@ -506,7 +536,7 @@ impl Engine {
         .map_err(|e| {
             WorkerChangeError::DpSize(address.url.clone(), crate::workers::error_chain(&e))
         })?;
-        Ok(self.registry.add(address, spec, facts)?)
+        Ok(self.registry.add_with_id(address, spec, facts, id)?)
     }
 
     /// Unregisters a server (all its units) and forgets its cache history.
@@ -532,6 +562,14 @@ impl Engine {
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         self.tickets.open_count()
+    }
+}
+
+/// What the policies see of a question.
+fn route_input(req: &RouteRequest) -> RouteInput<'_> {
+    RouteInput {
+        text: &req.routing_text,
+        routing_key: RoutingKey::from_header(&req.routing_key),
     }
 }
 
@@ -573,18 +611,25 @@ pub(crate) mod tests {
         options: EngineOptions,
         servers: &[(u16, WorkerSpec, Option<u32>)],
     ) -> Engine {
+        engine_with_policies(
+            options,
+            servers,
+            Policies::same(Arc::new(RoundRobin::default())),
+        )
+    }
+
+    /// Like [`engine_with`], with these policies.
+    fn engine_with_policies(
+        options: EngineOptions,
+        servers: &[(u16, WorkerSpec, Option<u32>)],
+        policies: Policies,
+    ) -> Engine {
         let registry = Arc::new(Registry::default());
         for (port, spec, dp) in servers {
             let units = registry.add(address(*port), *spec, *dp).unwrap();
             registry.set_healthy(&units[0], true);
         }
-        Engine::new(
-            registry,
-            Policies::same(Arc::new(RoundRobin::default())),
-            Arc::new(Metrics::default()),
-            options,
-        )
-        .unwrap()
+        Engine::new(registry, policies, Arc::new(Metrics::default()), options).unwrap()
     }
 
     fn engine(n: u16) -> Engine {
@@ -698,6 +743,130 @@ pub(crate) mod tests {
             4,
             "round robin visits every rank of every server"
         );
+    }
+
+    fn manual() -> Arc<dyn Policy> {
+        Arc::new(crate::policy::Manual::new(crate::policy::ManualConfig {
+            max_idle: Duration::from_secs(60),
+            assignment: crate::config::AssignmentMode::Random,
+        }))
+    }
+
+    fn keyed(key: &str, ticket: u64, body: &[u8]) -> RouteRequest {
+        RouteRequest {
+            path: "/generate".into(),
+            method: "POST".into(),
+            routing_text: b"hello".to_vec(),
+            routing_key: key.into(),
+            body: body.to_vec(),
+            ticket,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn manual_policy_keeps_each_key_on_one_dp_rank_and_counts_its_key() {
+        let e = engine_with_policies(
+            EngineOptions::default(),
+            &[
+                (1, WorkerSpec::REGULAR, Some(4)),
+                (2, WorkerSpec::REGULAR, Some(4)),
+            ],
+            Policies::same(manual()),
+        );
+        let mut ranks = std::collections::HashMap::new();
+        let mut ticket = 0;
+        for k in 0..16 {
+            let key = format!("session-{k}");
+            ticket += 1;
+            let first = decision(e.route(&keyed(&key, ticket, b"")));
+            let keys_here = ranks.entry(first.worker_url.clone()).or_insert(0);
+            *keys_here += 1;
+            let unit = e.registry().get(&first.worker_url).unwrap();
+            assert_eq!(
+                unit.routing_keys(),
+                *keys_here,
+                "each key in flight is counted once on its unit"
+            );
+            for _ in 0..3 {
+                ticket += 1;
+                let d = decision(e.route(&keyed(&key, ticket, b"")));
+                assert_eq!(d.worker_url, first.worker_url, "{key} moved");
+                assert_eq!(d.inject, first.inject, "same rank injected");
+            }
+        }
+        assert!(ranks.len() >= 4, "16 keys on {} of 8 ranks", ranks.len());
+        for t in 1..=ticket {
+            e.complete(&Completion {
+                ticket: t,
+                http_status: 200,
+                ..Default::default()
+            });
+        }
+        assert!(e
+            .registry()
+            .all()
+            .iter()
+            .all(|w| w.routing_keys() == 0 && w.load() == 0));
+    }
+
+    #[tokio::test]
+    async fn manual_policy_keeps_a_key_on_its_prefill_and_decode_pair() {
+        // Each prefill server tells itself apart by its bootstrap port.
+        let prefill = |port| WorkerSpec {
+            role: Role::Prefill,
+            bootstrap_port: Some(port),
+        };
+        let decode = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        let e = engine_with_policies(
+            EngineOptions {
+                pd: true,
+                ..Default::default()
+            },
+            &[
+                (1, prefill(9001), None),
+                (2, prefill(9002), None),
+                (3, decode, None),
+                (4, decode, None),
+                (5, decode, None),
+            ],
+            Policies {
+                regular: manual(),
+                prefill: manual(),
+                decode: manual(),
+            },
+        );
+        let body = br#"{"text":"hello"}"#;
+        let (mut decodes, mut prefills) = (
+            std::collections::HashSet::new(),
+            std::collections::HashSet::new(),
+        );
+        for k in 0..12 {
+            let key = format!("s{k}");
+            let first = decision(e.route(&keyed(&key, 100 + k, body)));
+            let prefill_port = |d: &Decision| {
+                d.inject
+                    .iter()
+                    .find(|f| f.key == "bootstrap_port")
+                    .map(|f| f.json_value.clone())
+            };
+            for i in 0..3 {
+                let d = decision(e.route(&keyed(&key, 1000 + k * 10 + i, body)));
+                assert_eq!(d.worker_url, first.worker_url, "decode of {key} moved");
+                assert_eq!(
+                    prefill_port(&d),
+                    prefill_port(&first),
+                    "prefill of {key} moved"
+                );
+            }
+            prefills.insert(prefill_port(&first));
+            decodes.insert(first.worker_url);
+        }
+        assert!(decodes.len() >= 2, "12 keys on one decode worker");
+        assert_eq!(prefills.len(), 2, "12 keys on one prefill worker");
     }
 
     fn pd_engine() -> Engine {

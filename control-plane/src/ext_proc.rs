@@ -61,11 +61,12 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::google::protobuf::{value, Duration as ProtoDuration, Struct};
 use futures::{Stream, StreamExt};
 use sglang_envoy_body::{
-    merge_first_sse_event, merge_input_logprobs, openai_error_json, over_budget,
+    is_worker_failure, merge_first_sse_event, merge_input_logprobs, openai_error_json, over_budget,
     pd::prefill_error_status, too_large, Endpoint, Head, RequestBody, Route, SseMerge,
 };
 use sglang_envoy_proto::{
     route_response, AdmissionOutcome, Completion, Decision, Header, PrefillOutcome, RouteRequest,
+    ROUTING_KEY_HEADER,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -251,6 +252,8 @@ struct Exchange {
     path: String,
     method: String,
     request_id: String,
+    /// The client's `X-SMG-Routing-Key`, empty when absent.
+    routing_key: String,
     /// The client's headers (no pseudo-headers), forwarded with a PD prefill.
     headers: Vec<Header>,
     /// The inference route, for POSTs whose body we route on.
@@ -305,6 +308,7 @@ impl Exchange {
             path: String::new(),
             method: String::new(),
             request_id: String::new(),
+            routing_key: String::new(),
             headers: Vec::new(),
             route: None,
             awaiting_body: None,
@@ -468,6 +472,8 @@ impl Exchange {
                 n => {
                     if n == "x-request-id" {
                         self.request_id = value.clone();
+                    } else if n == ROUTING_KEY_HEADER {
+                        self.routing_key = value.clone();
                     }
                     self.headers.push(Header { name, value });
                 }
@@ -563,6 +569,7 @@ impl Exchange {
             routing_text,
             stream,
             request_id: self.request_id.clone(),
+            routing_key: self.routing_key.clone(),
             body_bytes: b.body.len() as u64,
             ticket: self.tickets.next(),
             // The control plane has the body already: it never needs to ask.
@@ -671,6 +678,13 @@ impl Exchange {
         self.sse = get("content-type").is_some_and(|t| t.starts_with("text/event-stream"));
         self.response_done |= h.end_of_stream;
         self.decode_failed = !(200..300).contains(&self.status);
+        // A failed answer counts against its workers before the client
+        // sees it (and sends its next request). Not in PD mode, where a
+        // decode's failure may be its prefill's: the end tells.
+        let pd = !matches!(self.prefill, Prefill::None);
+        if let (Some(ticket), true, false) = (self.ticket, is_worker_failure(self.status), pd) {
+            self.engine.record_outcome(&self.completion(ticket, true));
+        }
         if self.decode_failed && !matches!(self.prefill, Prefill::Pending) {
             // The worker's own error goes to the client as it is
             // (sglang-router does the same); a prefill no longer matters.
@@ -848,18 +862,15 @@ impl Exchange {
     }
 }
 
-impl Drop for Exchange {
-    /// Reports the request's end, so its load is released however the
-    /// stream ended (response done, client gone, Envoy reset, our error).
-    fn drop(&mut self) {
-        let Some(ticket) = self.ticket else {
-            return;
-        };
-        let completion = Completion {
+impl Exchange {
+    /// What the engine learns of `ticket` now: its end, or (`outcome_only`)
+    /// what its answer, just started, says about the workers tried.
+    fn completion(&self, ticket: u64, outcome_only: bool) -> Completion {
+        Completion {
             ticket,
             http_status: self.status,
             client_cancelled: !self.response_done,
-            upstream_host: std::mem::take(&mut self.upstream_host),
+            upstream_host: self.upstream_host.clone(),
             attempts: self.attempts,
             // Ours (a prefill's error, a rejection), or Envoy's about
             // something other than the worker.
@@ -869,7 +880,19 @@ impl Drop for Exchange {
                     .as_deref()
                     .is_some_and(|d| d != "via_upstream" && !d.starts_with("upstream")),
             duration_us: self.started.elapsed().as_micros() as u64,
+            outcome_only,
+        }
+    }
+}
+
+impl Drop for Exchange {
+    /// Reports the request's end, so its load is released however the
+    /// stream ended (response done, client gone, Envoy reset, our error).
+    fn drop(&mut self) {
+        let Some(ticket) = self.ticket else {
+            return;
         };
+        let completion = self.completion(ticket, false);
         debug!(
             ticket,
             status = completion.http_status,

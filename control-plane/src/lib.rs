@@ -3,9 +3,11 @@
 //!
 //! Data flow: the filter's `Route` call (`service`) reaches the `engine`,
 //! which reads the healthy `workers` snapshot, asks the `policy` (which may
-//! consult the radix `tree`), counts load under the request's ticket
-//! (`tickets`) and answers; `Complete` releases the load. `xds` publishes the
-//! workers to Envoy, `admin` changes them, `metrics` reports on all of it.
+//! consult the radix `tree` or the client's `routing_key`), counts load
+//! under the request's ticket (`tickets`) and answers; `Complete` releases the load. `xds` publishes the
+//! workers to Envoy, `admin` changes them (`enrollment` registers those not
+//! reachable yet in the background; `dns` moves those whose DNS name points
+//! elsewhere), `metrics` reports on all of it.
 //! In PD mode the engine also builds the bootstrap fields and sends the
 //! prefill half itself (`pd`), and the filter waits for it (`AwaitPrefill`).
 //! `ext_proc` is a second front door over the same engine, for Envoys that
@@ -16,12 +18,15 @@ pub mod admin;
 pub mod admission;
 pub mod body_budget;
 pub mod config;
+pub mod dns;
 pub mod engine;
+pub mod enrollment;
 pub mod ext_proc;
 pub mod metrics;
 pub mod pd;
 pub mod policy;
 pub mod retry;
+pub mod routing_key;
 pub mod service;
 pub mod tickets;
 pub mod tree;

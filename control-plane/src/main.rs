@@ -17,14 +17,16 @@ use anyhow::Context;
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryServiceServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use sglang_envoy_proto::router_server::RouterServer;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use sglang_envoy_control_plane::body_budget::BodyBudget;
 use sglang_envoy_control_plane::config::Args;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
+use sglang_envoy_control_plane::enrollment::{Enrolled, Enrollment};
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::workers::{
-    persist, worker_client, AddressPolicy, HealthChecker, Registry, Role, WorkerSpec,
+    persist, worker_client, AddressPolicy, HealthChecker, Registry, Role, WorkerAddress, WorkerId,
+    WorkerSpec,
 };
 use sglang_envoy_control_plane::{admin, ext_proc, policy, service, xds};
 
@@ -98,71 +100,42 @@ async fn main() -> anyhow::Result<()> {
     )?);
     let health = Arc::new(HealthChecker::new(registry.clone(), &args, worker_client));
 
-    let mut initial: Vec<(String, WorkerSpec)> = args
-        .worker_urls
-        .iter()
-        .map(|u| (u.clone(), WorkerSpec::REGULAR))
-        .collect();
-    for (url, bootstrap_port) in args.prefill_workers().map_err(anyhow::Error::msg)? {
-        let spec = WorkerSpec {
-            role: Role::Prefill,
-            bootstrap_port,
-        };
-        initial.push((url, spec));
-    }
-    for url in &args.decode {
-        let spec = WorkerSpec {
-            role: Role::Decode,
-            bootstrap_port: None,
-        };
-        initial.push((url.clone(), spec));
-    }
-    if let Some(path) = &args.state_file {
-        for stored in persist::load(path)? {
-            match stored.spec() {
-                Some(spec) if !initial.iter().any(|(u, _)| *u == stored.url) => {
-                    initial.push((stored.url, spec));
-                }
-                Some(_) => {}
-                None => {
-                    warn!(worker = %stored.url, kind = %stored.worker_type, "unknown worker type in state file; skipped")
-                }
+    // Probes every server as soon as it is registered, then on its schedule.
+    tokio::spawn(health.clone().run());
+    let enrollment = Enrollment::new(
+        engine.clone(),
+        Duration::from_secs(args.worker_startup_timeout_secs),
+    );
+    let mut registered = Vec::new();
+    for InitialWorker {
+        url,
+        spec,
+        id,
+        from_flags,
+    } in initial_workers(&args)?
+    {
+        match enrollment.enroll(&url, spec, id).await {
+            Ok(Enrolled::Pending(_)) => {
+                info!(worker = %url, "worker not reachable yet; it is registered once it is")
             }
-        }
-    }
-    let startup_timeout = Duration::from_secs(args.worker_startup_timeout_secs);
-    for (url, spec) in initial {
-        if args.dp_aware {
-            // A DP-aware worker's ranks are only known once it answers, which
-            // a freshly started GPU server may take minutes to do.
-            tokio::spawn(register_when_up(
-                engine.clone(),
-                health.clone(),
-                url,
-                spec,
-                startup_timeout,
-            ));
-            continue;
-        }
-        let units = match engine.add_worker(&url, spec).await {
-            Ok(units) => units,
-            // A stored worker that vanished (or the other mode's) must not
-            // keep the router from starting.
-            Err(e)
-                if !args.worker_urls.contains(&url)
-                    && !args.decode.contains(&url)
-                    && !args.prefill_groups.iter().any(|g| g.first() == Some(&url)) =>
-            {
-                warn!(worker = %url, error = %e, "stored worker not restored");
-                continue;
+            Ok(Enrolled::Registered(_, units)) => registered.extend(units.into_iter().take(1)),
+            Ok(Enrolled::Existing(_)) => {}
+            // A stored worker that is no longer valid (or the other mode's)
+            // must not keep the router from starting.
+            Err(e) if !from_flags => {
+                warn!(worker = %url, error = %e, "stored worker not restored")
             }
             Err(e) => return Err(e).with_context(|| format!("cannot register worker {url}")),
-        };
-        if !health.admit(&units[0]).await {
-            warn!(worker = %url, "worker is not healthy yet; it gets requests once it is");
         }
     }
+    // Serve only once the workers that are up are known to be: a restarted
+    // control plane must not answer "no healthy workers" for the few
+    // milliseconds its first probes take (the others are admitted as soon
+    // as they answer). The probes run at once, so this takes at most one
+    // health-check timeout.
+    let up = futures::future::join_all(registered.iter().map(|w| health.admit(w))).await;
     info!(
+        healthy = up.iter().filter(|ok| **ok).count(),
         workers = registry.all().len(),
         mode = if args.pd_disaggregation {
             "pd"
@@ -176,12 +149,17 @@ async fn main() -> anyhow::Result<()> {
     if let Some(path) = args.state_file.clone() {
         tokio::spawn(persist_changes(registry.clone(), path));
     }
-    tokio::spawn(health.clone().run());
     tokio::spawn(evict(
         engine.clone(),
         Duration::from_secs(args.eviction_interval_secs),
     ));
     tokio::spawn(tick_circuits(registry.clone()));
+    if args.dns_refresh_secs > 0 {
+        tokio::spawn(sglang_envoy_control_plane::dns::follow(
+            engine.clone(),
+            Duration::from_secs(args.dns_refresh_secs),
+        ));
+    }
     tokio::spawn(reap(
         engine.clone(),
         Duration::from_secs(args.request_timeout_secs),
@@ -219,6 +197,7 @@ async fn main() -> anyhow::Result<()> {
         admin::router(admin::AdminState {
             engine: engine.clone(),
             health: health.clone(),
+            enrollment: enrollment.clone(),
             token: args.admin_token.as_deref().map(Arc::from),
         }),
     );
@@ -232,33 +211,79 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Registers a DP-aware worker once it answers `/get_server_info`, trying
-/// every second until `timeout`.
-async fn register_when_up(
-    engine: Arc<Engine>,
-    health: Arc<HealthChecker>,
+/// A worker to register at startup.
+struct InitialWorker {
     url: String,
     spec: WorkerSpec,
-    timeout: Duration,
-) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        match engine.add_worker(&url, spec).await {
-            Ok(units) => {
-                let healthy = health.admit(&units[0]).await;
-                info!(worker = %url, ranks = units.len(), healthy, "DP-aware worker registered");
-                return;
+    /// Its id in the state file, if it is there.
+    id: Option<WorkerId>,
+    /// Named by the flags (else only by the state file).
+    from_flags: bool,
+}
+
+/// The workers to register at startup: the flags' (`--worker-urls`,
+/// `--prefill`, `--decode`), then the state file's others.
+fn initial_workers(args: &Args) -> anyhow::Result<Vec<InitialWorker>> {
+    let mut initial: Vec<(String, WorkerSpec)> = args
+        .worker_urls
+        .iter()
+        .map(|u| (u.clone(), WorkerSpec::REGULAR))
+        .collect();
+    for (url, bootstrap_port) in args.prefill_workers().map_err(anyhow::Error::msg)? {
+        let spec = WorkerSpec {
+            role: Role::Prefill,
+            bootstrap_port,
+        };
+        initial.push((url, spec));
+    }
+    for url in &args.decode {
+        let spec = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        initial.push((url.clone(), spec));
+    }
+    let stored = match &args.state_file {
+        Some(path) => persist::load(path)?,
+        None => Vec::new(),
+    };
+    let same = |a: &str, b: &str| match (WorkerAddress::normalise(a), WorkerAddress::normalise(b)) {
+        (Ok(a), Ok(b)) => a.0 == b.0,
+        _ => a == b,
+    };
+    let mut out: Vec<_> = initial
+        .into_iter()
+        .map(|(url, spec)| {
+            // A flag's worker keeps the id the state file gave it.
+            let id = stored
+                .iter()
+                .find(|s| same(&s.url, &url))
+                .and_then(|s| s.id);
+            InitialWorker {
+                url,
+                spec,
+                id,
+                from_flags: true,
             }
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                debug!(worker = %url, error = %e, "worker not ready; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(e) => {
-                error!(worker = %url, error = %e, "gave up registering worker");
-                return;
+        })
+        .collect();
+    for s in stored {
+        if out.iter().any(|w| same(&w.url, &s.url)) {
+            continue;
+        }
+        match s.spec() {
+            Some(spec) => out.push(InitialWorker {
+                url: s.url,
+                spec,
+                id: s.id,
+                from_flags: false,
+            }),
+            None => {
+                warn!(worker = %s.url, kind = %s.worker_type, "unknown worker type in state file; skipped")
             }
         }
     }
+    Ok(out)
 }
 
 /// Trims every policy's approximate trees every `every`.

@@ -21,6 +21,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sglang_envoy_body::is_worker_failure;
 use sglang_envoy_proto::{Completion, Header};
 
 use crate::policy::least_loaded;
@@ -102,8 +103,7 @@ pub fn outcomes(plan: &[Arc<Worker>], c: &Completion) -> Vec<(Arc<Worker>, bool)
     if (c.client_cancelled && status == 0) || c.local_reply {
         return out;
     }
-    let failed = status == 0 || status >= 500 || status == 408 || status == 429;
-    out.push((last.clone(), !failed));
+    out.push((last.clone(), !is_worker_failure(status)));
     out
 }
 

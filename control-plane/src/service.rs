@@ -39,6 +39,10 @@ impl Router for RouterService {
         request: Request<CompleteRequest>,
     ) -> Result<Response<CompleteResponse>, Status> {
         for c in &request.get_ref().completions {
+            if c.outcome_only {
+                self.engine.record_outcome(c);
+                continue;
+            }
             if let Some(worker) = self.engine.complete(c) {
                 let health = self.health.clone();
                 tokio::spawn(async move { health.suspect(&worker).await });

@@ -11,26 +11,59 @@ use std::time::{Duration, Instant};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 
+use crate::routing_key::RoutingKey;
 use crate::workers::Worker;
 
 /// How long a tombstone waits for its decision.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(60);
 
-enum Slot {
-    Open { request: Counted, since: Instant },
-    Ended { at: Instant },
+/// What one request in flight counts on its unit: one request, its
+/// estimated prefill `work`, and its routing key. Released when it ends.
+#[derive(Debug, Clone)]
+pub struct Held {
+    /// The unit the request was sent to.
+    pub worker: Arc<Worker>,
+    /// The policy's estimate of its prefill work.
+    pub work: u64,
+    /// The client's routing key, counted among the unit's keys in flight.
+    pub routing_key: Option<RoutingKey>,
+    /// The units Envoy may try, one per attempt (`retry::plan`); empty when
+    /// there is nothing to attribute (info requests, prefill halves, tests).
+    pub plan: Vec<Arc<Worker>>,
 }
 
-/// A request counted as load, as its end must release it.
-#[derive(Debug, Clone)]
-pub struct Counted {
-    /// The unit whose load counts the request.
-    pub worker: Arc<Worker>,
-    /// The estimated work counted with it.
-    pub work: u64,
-    /// The units Envoy may try, one per attempt (`retry::plan`); empty when
-    /// there is nothing to attribute (info requests, tests).
-    pub plan: Vec<Arc<Worker>>,
+impl Held {
+    /// Counts a request on `worker`.
+    pub fn start(worker: Arc<Worker>, work: u64, routing_key: Option<RoutingKey>) -> Held {
+        worker.start(work);
+        if let Some(key) = routing_key {
+            worker.hold_key(key);
+        }
+        Held {
+            worker,
+            work,
+            routing_key,
+            plan: Vec::new(),
+        }
+    }
+
+    /// The same, with the attempt plan whose outcomes its end attributes.
+    pub fn with_plan(self, plan: Vec<Arc<Worker>>) -> Held {
+        Held { plan, ..self }
+    }
+
+    /// Releases what [`Held::start`] counted.
+    pub fn release(&self) {
+        self.worker.finish(self.work);
+        if let Some(key) = self.routing_key {
+            self.worker.release_key(key);
+        }
+    }
+}
+
+enum Slot {
+    Open { held: Held, since: Instant },
+    Ended { at: Instant },
 }
 
 /// The table of requests in flight.
@@ -40,32 +73,32 @@ pub struct Tickets {
 }
 
 impl Tickets {
-    /// Records that `ticket` counts as load (`request.work` too) on
-    /// `request.worker` (the caller has started it there). Returns false when
-    /// the request had already ended; the caller then releases it at once.
-    pub fn open(&self, ticket: u64, request: Counted) -> bool {
+    /// Records that `ticket` holds `held` until it ends. Returns false, and
+    /// releases `held` at once, when the request had already ended.
+    pub fn open(&self, ticket: u64, held: Held) -> bool {
         match self.slots.entry(ticket) {
             Entry::Vacant(v) => {
                 v.insert(Slot::Open {
-                    request,
+                    held,
                     since: Instant::now(),
                 });
                 true
             }
-            Entry::Occupied(o) => match o.get() {
+            Entry::Occupied(mut o) => match o.get() {
                 Slot::Ended { .. } => {
                     o.remove();
+                    held.release();
                     false
                 }
                 // A reused ticket: release the older request's load rather
                 // than leak it.
                 Slot::Open { .. } => {
-                    let mut o = o;
-                    if let Slot::Open { request: old, .. } = o.insert(Slot::Open {
-                        request,
+                    let older = o.insert(Slot::Open {
+                        held,
                         since: Instant::now(),
-                    }) {
-                        old.worker.finish(old.work);
+                    });
+                    if let Slot::Open { held, .. } = older {
+                        held.release();
                     }
                     true
                 }
@@ -73,12 +106,22 @@ impl Tickets {
         }
     }
 
-    /// Ends `ticket`; returns the request the caller must release.
-    pub fn close(&self, ticket: u64) -> Option<Counted> {
+    /// The attempt plan of open `ticket`, taken (so that its outcome is
+    /// recorded once: the end then finds an empty plan).
+    pub fn take_plan(&self, ticket: u64) -> Option<Vec<Arc<Worker>>> {
+        let mut slot = self.slots.get_mut(&ticket)?;
+        match slot.value_mut() {
+            Slot::Open { held, .. } => Some(std::mem::take(&mut held.plan)),
+            Slot::Ended { .. } => None,
+        }
+    }
+
+    /// Ends `ticket`; returns what the caller must release.
+    pub fn close(&self, ticket: u64) -> Option<Held> {
         match self.slots.entry(ticket) {
             Entry::Occupied(o) => match o.get() {
                 Slot::Open { .. } => match o.remove() {
-                    Slot::Open { request, .. } => Some(request),
+                    Slot::Open { held, .. } => Some(held),
                     Slot::Ended { .. } => None,
                 },
                 Slot::Ended { .. } => None,
@@ -96,10 +139,10 @@ impl Tickets {
         let now = Instant::now();
         let mut released = 0;
         self.slots.retain(|_, slot| match slot {
-            Slot::Open { request, since } => {
+            Slot::Open { held, since } => {
                 let keep = now.duration_since(*since) < timeout;
                 if !keep {
-                    request.worker.finish(request.work);
+                    held.release();
                     released += 1;
                 }
                 keep
@@ -123,22 +166,14 @@ mod tests {
     use super::*;
     use crate::policy::test_support::workers;
 
-    fn counted(worker: Arc<Worker>, work: u64) -> Counted {
-        Counted {
-            worker,
-            work,
-            plan: Vec::new(),
-        }
-    }
-
     #[test]
     fn open_then_close_returns_worker_once() {
         let t = Tickets::default();
         let w = workers(1).remove(0);
-        assert!(t.open(7, counted(w.clone(), 5)));
+        assert!(t.open(7, Held::start(w.clone(), 5, None)));
         assert_eq!(t.open_count(), 1);
         assert_eq!(
-            t.close(7).map(|c| (c.worker.url.clone(), c.work)),
+            t.close(7).map(|h| (h.worker.url.clone(), h.work)),
             Some((w.url.clone(), 5))
         );
         assert!(t.close(7).is_none());
@@ -150,21 +185,27 @@ mod tests {
         let t = Tickets::default();
         let w = workers(1).remove(0);
         assert!(t.close(9).is_none());
+        let key = RoutingKey::from_header("k");
         assert!(
-            !t.open(9, counted(w, 0)),
+            !t.open(9, Held::start(w.clone(), 3, key)),
             "decision after the end must be refused"
         );
         assert_eq!(t.open_count(), 0);
+        assert_eq!(
+            (w.load(), w.pending_work(), w.routing_keys()),
+            (0, 0, 0),
+            "a refused decision is released"
+        );
     }
 
     #[test]
     fn reap_releases_stale_requests() {
         let t = Tickets::default();
         let w = workers(1).remove(0);
-        w.start(40);
-        assert!(t.open(1, counted(w.clone(), 40)));
+        assert!(t.open(1, Held::start(w.clone(), 40, RoutingKey::from_header("k"))));
+        assert_eq!(w.routing_keys(), 1);
         assert_eq!(t.reap(Duration::from_secs(3600)), 0);
         assert_eq!(t.reap(Duration::ZERO), 1);
-        assert_eq!((w.load(), w.pending_work()), (0, 0));
+        assert_eq!((w.load(), w.pending_work(), w.routing_keys()), (0, 0, 0));
     }
 }

@@ -14,6 +14,11 @@ pub use v1::*;
 /// Fully qualified gRPC service name, as the filter dispatches it.
 pub const SERVICE_NAME: &str = "sglang.envoy.router.v1.Router";
 
+/// The request header carrying a client's sticky-session key (sglang-router's
+/// `X-SMG-Routing-Key`, lower-cased as Envoy hands headers over). Both front
+/// doors copy it into [`RouteRequest::routing_key`].
+pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
+
 impl Decision {
     /// The fields to inject, as the `(key, JSON value)` pairs the body
     /// crate's `RequestBody::with_fields` takes (both front doors use it).

@@ -2,13 +2,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use sglang_envoy_body::prefill_input_logprobs;
+use sglang_envoy_body::{is_worker_failure, prefill_input_logprobs};
 use sglang_envoy_proto::PrefillOutcome;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
+use crate::routing_key::RoutingKey;
+use crate::tickets::Held;
 use crate::workers::{error_chain, Registry, Worker};
 
 /// One prefill request to send.
@@ -26,6 +28,8 @@ pub struct PrefillJob {
     pub want_logprobs: bool,
     /// The policy's estimate of its prefill work.
     pub work: u64,
+    /// The client's routing key, counted on the prefill unit while it runs.
+    pub routing_key: Option<RoutingKey>,
 }
 
 /// Sends the prefill half of PD requests and keeps each one's outcome until
@@ -47,11 +51,11 @@ struct Pending {
 
 /// Holds a prefill unit's load for as long as its request runs, including
 /// when the task is aborted (client gone) or panics.
-struct LoadGuard(Arc<Worker>, u64);
+struct LoadGuard(Held);
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
-        self.0.finish(self.1);
+        self.0.release();
     }
 }
 
@@ -78,8 +82,7 @@ impl PrefillDispatcher {
     /// Starts the prefill request for `ticket`. Must run inside a tokio
     /// runtime.
     pub fn dispatch(&self, ticket: u64, job: PrefillJob) {
-        job.worker.start(job.work);
-        let guard = LoadGuard(job.worker.clone(), job.work);
+        let guard = LoadGuard(Held::start(job.worker.clone(), job.work, job.routing_key));
         let (tx, rx) = watch::channel(None);
         let client = self.client.clone();
         let timeout = self.timeout;
@@ -92,9 +95,7 @@ impl PrefillDispatcher {
                 warn!(worker = %job.worker.url, status = outcome.http_status, message = %outcome.message, "prefill failed");
             }
             // A client error (4xx but 408 and 429) is not the worker's.
-            let status = outcome.http_status;
-            let worker_failed =
-                !outcome.ok && (status == 0 || status >= 500 || status == 408 || status == 429);
+            let worker_failed = !outcome.ok && is_worker_failure(outcome.http_status);
             registry.record_outcome(&job.worker, !worker_failed);
             drop(guard);
             let _ = tx.send(Some(outcome));

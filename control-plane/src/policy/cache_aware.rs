@@ -135,12 +135,7 @@ mod tests {
     }
 
     fn pick(p: &CacheAware, ws: &[Arc<Worker>], text: &str) -> Selection {
-        p.select(
-            ws,
-            &RouteInput {
-                text: text.as_bytes(),
-            },
-        )
+        p.select(ws, &RouteInput::of_text(text.as_bytes()))
     }
 
     #[test]

@@ -157,12 +157,7 @@ mod tests {
     }
 
     fn pick(p: &CostAware, ws: &[Arc<Worker>], text: &str) -> Selection {
-        let s = p.select(
-            ws,
-            &RouteInput {
-                text: text.as_bytes(),
-            },
-        );
+        let s = p.select(ws, &RouteInput::of_text(text.as_bytes()));
         ws[s.index].start(s.work);
         s
     }

@@ -3,6 +3,7 @@
 
 mod cache_aware;
 mod cost_aware;
+mod manual;
 mod power_of_two;
 mod random;
 mod round_robin;
@@ -11,11 +12,13 @@ use std::sync::Arc;
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use cost_aware::{CostAware, CostAwareConfig};
+pub use manual::{Manual, ManualConfig};
 pub use power_of_two::PowerOfTwo;
 pub use random::Random;
 pub use round_robin::RoundRobin;
 
 use crate::config::{Args, PolicyKind};
+use crate::routing_key::RoutingKey;
 use crate::tree::{PrefixMatch, TenantId};
 use crate::workers::Worker;
 
@@ -24,6 +27,18 @@ use crate::workers::Worker;
 pub struct RouteInput<'a> {
     /// Text the cache-aware policy matches on (may be empty).
     pub text: &'a [u8],
+    /// The client's sticky-session key (`X-SMG-Routing-Key`), if it sent one.
+    pub routing_key: Option<RoutingKey>,
+}
+
+impl<'a> RouteInput<'a> {
+    /// A request with this routing text and no routing key.
+    pub fn of_text(text: &'a [u8]) -> Self {
+        RouteInput {
+            text,
+            routing_key: None,
+        }
+    }
 }
 
 /// How the cache-aware policy reached its choice (for metrics).
@@ -73,6 +88,7 @@ pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
         PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
         PolicyKind::CacheAware => Arc::new(CacheAware::new(CacheAwareConfig::from(args))),
         PolicyKind::CostAware => Arc::new(CostAware::new(CostAwareConfig::from(args))),
+        PolicyKind::Manual => Arc::new(Manual::new(ManualConfig::from(args))),
     }
 }
 

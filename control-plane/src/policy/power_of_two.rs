@@ -46,7 +46,7 @@ mod tests {
         let ws = workers(2);
         set_load(&ws[0], 5);
         for _ in 0..50 {
-            assert_eq!(PowerOfTwo.select(&ws, &RouteInput { text: b"" }).index, 1);
+            assert_eq!(PowerOfTwo.select(&ws, &RouteInput::of_text(b"")).index, 1);
         }
     }
 }

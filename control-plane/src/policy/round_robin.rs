@@ -33,7 +33,7 @@ mod tests {
     fn cycles_through_workers() {
         let ws = workers(3);
         let rr = RoundRobin::default();
-        let input = RouteInput { text: b"" };
+        let input = RouteInput::of_text(b"");
         let picks: Vec<usize> = (0..6).map(|_| rr.select(&ws, &input).index).collect();
         assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
     }

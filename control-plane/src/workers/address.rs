@@ -157,17 +157,27 @@ impl WorkerAddress {
 
     /// Normalises and resolves `raw`.
     pub async fn resolve(raw: &str) -> Result<WorkerAddress, AddressError> {
+        Self::resolve_keeping(raw, None).await
+    }
+
+    /// Normalises and resolves `raw`, keeping the address `keep` while the
+    /// name still resolves to it among others: a name with several
+    /// addresses, returned in a changing order, must not make its worker
+    /// flap between them.
+    pub async fn resolve_keeping(
+        raw: &str,
+        keep: Option<SocketAddr>,
+    ) -> Result<WorkerAddress, AddressError> {
         let (url, host, port) = Self::normalise(raw)?;
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host((bare, port))
             .await
             .map_err(|e| AddressError::Resolve(raw.into(), e.to_string()))?
             .collect();
-        let endpoint = addrs
-            .iter()
-            .find(|a| a.is_ipv4())
-            .or_else(|| addrs.first())
-            .copied()
+        let endpoint = keep
+            .filter(|k| addrs.contains(k))
+            .or_else(|| addrs.iter().find(|a| a.is_ipv4()).copied())
+            .or_else(|| addrs.first().copied())
             .ok_or_else(|| AddressError::Resolve(raw.into(), "no addresses".into()))?;
         Ok(WorkerAddress {
             tls: url.starts_with("https://"),

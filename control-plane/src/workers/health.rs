@@ -1,21 +1,45 @@
-use std::sync::Arc;
-use std::time::Duration;
+//! Health checks: each server's health endpoint is probed on its own
+//! schedule (see `probe_schedule.rs`): every interval while healthy, within
+//! seconds while not, so workers that start after the router, or come back
+//! after an outage, serve within seconds of answering.
 
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::config::Args;
+use crate::workers::probe_schedule::{ProbePlan, Schedule};
 use crate::workers::{error_chain, Registry, Worker};
 
-/// Checks the workers' health endpoint and flips their health state after
-/// the configured number of consecutive failures or successes.
+/// Checks the workers' health endpoint and flips their health state: a
+/// server never healthy yet on its first good check, one that was healthy
+/// after the configured number of consecutive failures or successes.
 pub struct HealthChecker {
     registry: Arc<Registry>,
     client: reqwest::Client,
     path: String,
     timeout: Duration,
-    interval: Duration,
+    plan: ProbePlan,
     failure_threshold: u32,
     success_threshold: u32,
+}
+
+/// A server the checker follows, by its first unit (DP-rank units share
+/// their server's health).
+struct Tracked {
+    unit: Arc<Worker>,
+    /// Tells this server's probe results from those of a server that was
+    /// registered before it under the same key.
+    serial: u64,
+    schedule: Schedule,
+    /// Healthy at some point since it was registered: from then on the
+    /// success threshold applies.
+    admitted: bool,
+    /// A probe is running.
+    probing: bool,
 }
 
 impl HealthChecker {
@@ -29,7 +53,10 @@ impl HealthChecker {
             client,
             path: args.health_check_endpoint.clone(),
             timeout: Duration::from_secs(args.health_check_timeout_secs),
-            interval: Duration::from_secs(args.health_check_interval_secs),
+            plan: ProbePlan {
+                interval: Duration::from_secs(args.health_check_interval_secs),
+                fast_window: Duration::from_secs(args.worker_startup_timeout_secs),
+            },
             failure_threshold: args.health_failure_threshold,
             success_threshold: args.health_success_threshold,
         }
@@ -51,31 +78,10 @@ impl HealthChecker {
         }
     }
 
-    /// Checks every server once, concurrently (DP-rank units of one server
-    /// share its health, so each server is probed once).
-    pub async fn check_all(&self) {
-        let workers = self.registry.all();
-        let mut seen = std::collections::HashSet::new();
-        let servers = workers.iter().filter(|w| seen.insert(w.base_url.as_str()));
-        let checks = servers.map(|w| async move {
-            let result = self.check(w).await;
-            if w.record_check(
-                result.is_ok(),
-                self.failure_threshold,
-                self.success_threshold,
-            ) {
-                self.registry.health_changed();
-                match result {
-                    Ok(()) => info!(worker = %w.base_url, "worker is healthy"),
-                    Err(reason) => warn!(worker = %w.base_url, %reason, "worker is unhealthy"),
-                }
-            }
-        });
-        futures::future::join_all(checks).await;
-    }
-
     /// A newly added worker: healthy at once if its first check passes (no
     /// reason to wait for the success threshold before its first request).
+    /// For callers that answer only once the worker can serve; the checker
+    /// probes new servers at once anyway.
     pub async fn admit(&self, worker: &Worker) -> bool {
         match self.check(worker).await {
             Ok(()) => {
@@ -99,14 +105,105 @@ impl HealthChecker {
         }
     }
 
-    /// Runs `check_all` every interval until the task is dropped.
-    pub async fn run(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            self.check_all().await;
+    /// Records one probe of `tracked`'s server.
+    fn record(&self, tracked: &mut Tracked, result: Result<(), String>) {
+        let ok = result.is_ok();
+        let unit = &tracked.unit;
+        let changed = if ok && !tracked.admitted && !unit.is_healthy() {
+            // First time up (at startup, or added): no threshold, as
+            // sglang-router activates a worker on its first good check.
+            self.registry.set_healthy(unit, true);
+            true
+        } else if unit.record_check(ok, self.failure_threshold, self.success_threshold) {
+            self.registry.health_changed();
+            true
+        } else {
+            false
+        };
+        let healthy = unit.is_healthy();
+        if changed && healthy {
+            info!(worker = %unit.base_url, id = %unit.id, "worker is healthy");
+        } else if changed {
+            let reason = result.err().unwrap_or_default();
+            warn!(worker = %unit.base_url, id = %unit.id, %reason, "worker is unhealthy");
         }
+        tracked.admitted |= healthy;
+        tracked
+            .schedule
+            .probed(Instant::now(), ok, healthy, &self.plan);
+    }
+
+    /// Follows the registry: new servers are probed at once, then each on
+    /// its schedule, until the task is dropped.
+    pub async fn run(self: Arc<Self>) {
+        let mut changes = self.registry.subscribe();
+        let (done_tx, mut done) = mpsc::unbounded_channel::<(usize, u64, Result<(), String>)>();
+        let mut servers: HashMap<usize, Tracked> = HashMap::new();
+        let mut serials = 0u64;
+        loop {
+            self.follow_registry(&mut servers, &mut serials);
+            let now = Instant::now();
+            for (key, tracked) in servers.iter_mut() {
+                if tracked.probing || tracked.schedule.due() > now {
+                    continue;
+                }
+                tracked.probing = true;
+                let (this, unit, tx) = (self.clone(), tracked.unit.clone(), done_tx.clone());
+                let (key, serial) = (*key, tracked.serial);
+                tokio::spawn(async move {
+                    let result = this.check(&unit).await;
+                    let _ = tx.send((key, serial, result));
+                });
+            }
+            let next = servers
+                .values()
+                .filter(|t| !t.probing)
+                .map(|t| t.schedule.due())
+                .min()
+                .unwrap_or_else(|| now + self.plan.interval);
+            tokio::select! {
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(next)) => {}
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return; // the registry is gone
+                    }
+                }
+                Some((key, serial, result)) = done.recv() => {
+                    if let Some(tracked) = servers.get_mut(&key).filter(|t| t.serial == serial) {
+                        tracked.probing = false;
+                        self.record(tracked, result);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts following new servers, forgets removed ones, and moves a
+    /// server whose health changed outside the probes to its new schedule.
+    fn follow_registry(&self, servers: &mut HashMap<usize, Tracked>, serials: &mut u64) {
+        let all = self.registry.all();
+        let now = Instant::now();
+        let mut seen = HashSet::new();
+        let mut live = HashSet::new();
+        for unit in all.iter().filter(|w| seen.insert(w.base_url.as_str())) {
+            // Keyed by the unit's address: the Arc held here keeps it from
+            // being reused, and a server removed and added again is new.
+            let key = Arc::as_ptr(unit) as usize;
+            live.insert(key);
+            let healthy = unit.is_healthy();
+            let tracked = servers.entry(key).or_insert_with(|| Tracked {
+                unit: unit.clone(),
+                serial: {
+                    *serials += 1;
+                    *serials
+                },
+                schedule: Schedule::new(now, healthy),
+                admitted: healthy,
+                probing: false,
+            });
+            tracked.schedule.health_changed(now, healthy, &self.plan);
+            tracked.admitted |= healthy;
+        }
+        servers.retain(|key, _| live.contains(key));
     }
 }

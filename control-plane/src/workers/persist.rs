@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::workers::{Registry, Role, WorkerSpec};
+use crate::workers::{Registry, Role, WorkerId, WorkerSpec};
 
 /// Why the state file could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +29,9 @@ pub struct StoredWorker {
     /// Prefill only; `None` is `none`.
     #[serde(default)]
     pub bootstrap_port: Option<u16>,
+    /// Its id in the `/workers` API (absent in files written before ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<WorkerId>,
 }
 
 impl StoredWorker {
@@ -59,6 +62,7 @@ pub fn snapshot(registry: &Registry) -> Vec<StoredWorker> {
             url: w.base_url.clone(),
             worker_type: w.role().as_str().to_string(),
             bootstrap_port: w.spec.bootstrap_port,
+            id: Some(w.id),
         });
     }
     out
@@ -116,6 +120,14 @@ mod tests {
         let back = load(&path).unwrap();
         assert_eq!(back, snap);
         assert_eq!(back[0].spec(), Some(prefill));
+        assert!(back.iter().all(|w| w.id.is_some()), "ids are kept");
+        // A file written before ids existed still loads.
+        std::fs::write(
+            &path,
+            br#"{"version":1,"workers":[{"url":"http://127.0.0.1:3","worker_type":"regular"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(load(&path).unwrap()[0].id, None);
         std::fs::write(&path, b"{nope").unwrap();
         assert!(load(&path).is_err());
     }

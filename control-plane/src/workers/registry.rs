@@ -9,6 +9,7 @@ use tracing::{info, warn};
 
 use crate::workers::{
     identity, CircuitConfig, CircuitState, Health, Role, ServerFacts, Worker, WorkerAddress,
+    WorkerId,
     WorkerSpec,
 };
 
@@ -24,6 +25,9 @@ pub enum RegistryError {
     /// No worker has this URL.
     #[error("worker {0} is not registered")]
     NotFound(String),
+    /// Another server has this id (a state file edited by hand).
+    #[error("worker id {0} is taken by another worker")]
+    DuplicateId(WorkerId),
 }
 
 /// All registered workers (routing units: one per server, or one per DP rank
@@ -63,26 +67,40 @@ impl Registry {
         }
     }
 
-    /// Registers a server (unhealthy until its first good health check):
-    /// one unit, or one per DP rank when `facts` (or the bare `dp_size`
-    /// given in its place) has a DP size. Returns the units.
+    /// Registers a server with a fresh id; see [`Registry::add_with_id`].
     pub fn add(
         &self,
         address: WorkerAddress,
         spec: WorkerSpec,
         facts: impl Into<ServerFacts>,
     ) -> Result<Vec<Arc<Worker>>, RegistryError> {
+        self.add_with_id(address, spec, facts, WorkerId::random())
+    }
+
+    /// Registers a server as `id` (unhealthy until its first good health
+    /// check): one unit, or one per DP rank when `facts` (or the bare
+    /// `dp_size` given in its place) has a DP size. Returns the units.
+    pub fn add_with_id(
+        &self,
+        address: WorkerAddress,
+        spec: WorkerSpec,
+        facts: impl Into<ServerFacts>,
+        id: WorkerId,
+    ) -> Result<Vec<Arc<Worker>>, RegistryError> {
         let facts = facts.into();
         let mut workers = self.workers.lock();
         if workers.iter().any(|w| w.base_url == address.url) {
             return Err(RegistryError::Duplicate(address.url));
         }
-        let id = identity(address.endpoint);
-        if let Some(same) = workers.iter().find(|w| identity(w.endpoint) == id) {
+        let server = identity(address.endpoint);
+        if let Some(same) = workers.iter().find(|w| identity(w.endpoint) == server) {
             return Err(RegistryError::SameServer(
                 address.url,
                 same.base_url.clone(),
             ));
+        }
+        if workers.iter().any(|w| w.id == id) {
+            return Err(RegistryError::DuplicateId(id));
         }
         let health = Arc::new(Health::default());
         let ranks: Vec<Option<u32>> = match facts.dp_size {
@@ -93,7 +111,8 @@ impl Registry {
             .into_iter()
             .map(|rank| {
                 let tenant = self.next_tenant.fetch_add(1, Ordering::Relaxed);
-                let mut unit = Worker::new(address.clone(), spec, rank, health.clone(), tenant);
+                let mut unit =
+                    Worker::new(address.clone(), spec, rank, health.clone(), tenant).with_id(id);
                 unit.facts = facts;
                 Arc::new(unit)
             })
@@ -113,6 +132,55 @@ impl Registry {
         }
         self.publish(&workers);
         Ok(removed)
+    }
+
+    /// Points the server registered under `base_url` at a new address: its
+    /// DNS name resolves elsewhere now (a Kubernetes pod that moved keeps its
+    /// name, not its IP). Its units are replaced in place by units at the new
+    /// address with the same id, role and DP ranks; they are a new server to
+    /// everything else (unhealthy until probed, a closed circuit, no cache
+    /// history: a moved pod is a restarted process). Requests in flight
+    /// finish on the old units. Returns the old units, empty when the
+    /// address is the one it has.
+    pub fn readdress(
+        &self,
+        base_url: &str,
+        address: WorkerAddress,
+    ) -> Result<Vec<Arc<Worker>>, RegistryError> {
+        let mut workers = self.workers.lock();
+        let Some(first) = workers.iter().find(|w| w.base_url == base_url) else {
+            return Err(RegistryError::NotFound(base_url.to_string()));
+        };
+        if first.endpoint == address.endpoint {
+            return Ok(Vec::new());
+        }
+        let server = identity(address.endpoint);
+        if let Some(same) = workers
+            .iter()
+            .find(|w| w.base_url != base_url && identity(w.endpoint) == server)
+        {
+            return Err(RegistryError::SameServer(
+                base_url.to_string(),
+                same.base_url.clone(),
+            ));
+        }
+        let health = Arc::new(Health::default());
+        let mut old = Vec::new();
+        for slot in workers.iter_mut().filter(|w| w.base_url == base_url) {
+            let tenant = self.next_tenant.fetch_add(1, Ordering::Relaxed);
+            let mut unit = Worker::new(
+                address.clone(),
+                slot.spec,
+                slot.dp_rank,
+                health.clone(),
+                tenant,
+            )
+            .with_id(slot.id);
+            unit.facts = slot.facts;
+            old.push(std::mem::replace(slot, Arc::new(unit)));
+        }
+        self.publish(&workers);
+        Ok(old)
     }
 
     /// Sets a worker's health and republishes the snapshots if it changed.
@@ -137,6 +205,26 @@ impl Registry {
     #[cfg(test)]
     pub fn get(&self, url: &str) -> Option<Arc<Worker>> {
         self.all.load().iter().find(|w| w.url == url).cloned()
+    }
+
+    /// The units of the server with this id (empty when there is none).
+    pub fn by_id(&self, id: WorkerId) -> Vec<Arc<Worker>> {
+        self.all
+            .load()
+            .iter()
+            .filter(|w| w.id == id)
+            .cloned()
+            .collect()
+    }
+
+    /// The units of the server registered under this normalised URL.
+    pub fn by_base_url(&self, base_url: &str) -> Vec<Arc<Worker>> {
+        self.all
+            .load()
+            .iter()
+            .filter(|w| w.base_url == base_url)
+            .cloned()
+            .collect()
     }
 
     /// Every registered worker, in registration order.
@@ -231,6 +319,8 @@ mod tests {
             .unwrap()
             .remove(0);
         assert_ne!(a.tenant, b.tenant);
+        assert_ne!(a.id, b.id);
+        assert_eq!(r.by_id(a.id).len(), 1);
         assert_eq!(
             r.add(address(1), WorkerSpec::REGULAR, None).unwrap_err(),
             RegistryError::Duplicate("http://127.0.0.1:1".into())
@@ -257,8 +347,19 @@ mod tests {
             role: Role::Decode,
             bootstrap_port: None,
         };
-        let units = r.add(address(1), decode, Some(4)).unwrap();
+        let id = WorkerId::random();
+        let units = r.add_with_id(address(1), decode, Some(4), id).unwrap();
         assert_eq!(units.len(), 4);
+        assert!(
+            units.iter().all(|u| u.id == id),
+            "ranks share the server's id"
+        );
+        assert_eq!(r.by_id(id).len(), 4);
+        assert_eq!(
+            r.add_with_id(address(3), WorkerSpec::REGULAR, None, id)
+                .unwrap_err(),
+            RegistryError::DuplicateId(id)
+        );
         let prefill = WorkerSpec {
             role: Role::Prefill,
             bootstrap_port: Some(9000),
@@ -273,5 +374,55 @@ mod tests {
         assert!(r.available(Role::Regular).is_empty());
         assert_eq!(r.remove("http://127.0.0.1:1").unwrap().len(), 4);
         assert_eq!(r.all().len(), 1);
+    }
+
+    #[test]
+    fn a_moved_server_keeps_its_name_id_and_ranks_at_a_new_address() {
+        let r = Registry::default();
+        let named = |ip: [u8; 4]| WorkerAddress {
+            url: "http://worker.test:30000".into(),
+            host: "worker.test".into(),
+            endpoint: std::net::SocketAddr::from((ip, 30000)),
+            tls: false,
+        };
+        let decode = WorkerSpec {
+            role: Role::Decode,
+            bootstrap_port: None,
+        };
+        let old = r.add(named([10, 0, 0, 1]), decode, Some(2)).unwrap();
+        let other = r.add(address(4), decode, None).unwrap();
+        r.set_healthy(&old[0], true);
+        assert_eq!(r.available(Role::Decode).len(), 2);
+        let version = *r.subscribe().borrow();
+
+        // The same address: nothing changes.
+        assert!(r
+            .readdress(&old[0].base_url, named([10, 0, 0, 1]))
+            .unwrap()
+            .is_empty());
+        let replaced = r.readdress(&old[0].base_url, named([10, 0, 0, 2])).unwrap();
+        assert_eq!(replaced.len(), 2);
+        assert!(*r.subscribe().borrow() > version, "EDS is told");
+        let now = r.by_base_url(&old[0].base_url);
+        let ranks: Vec<_> = now.iter().map(|u| (u.id, u.dp_rank, u.role())).collect();
+        assert_eq!(
+            ranks,
+            [
+                (old[0].id, Some(0), Role::Decode),
+                (old[0].id, Some(1), Role::Decode)
+            ]
+        );
+        assert!(now.iter().all(|u| u.endpoint_text == "10.0.0.2:30000"));
+        assert!(now.iter().all(|u| old.iter().all(|o| o.tenant != u.tenant)));
+        // A new process: no traffic until a health check passes.
+        assert!(!now[0].is_healthy());
+        assert_eq!(r.available(Role::Decode).len(), 0);
+        // Registration order kept; another server's address is refused.
+        assert_eq!(r.all()[2].url, other[0].url);
+        assert_eq!(
+            r.readdress(&old[0].base_url, address(4)).unwrap_err(),
+            RegistryError::SameServer(old[0].base_url.clone(), other[0].base_url.clone())
+        );
+        assert!(r.readdress("http://gone.test:1", address(5)).is_err());
     }
 }

@@ -1,11 +1,15 @@
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sglang_envoy_body::WireProfile;
 
+use parking_lot::Mutex;
+
+use crate::routing_key::RoutingKey;
 use crate::tree::TenantId;
-use crate::workers::{Circuit, CircuitState, WorkerAddress};
+use crate::workers::{Circuit, CircuitState, WorkerAddress, WorkerId};
 
 /// What a worker does in the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -93,6 +97,8 @@ pub struct Health {
 /// approximate radix tree, because each rank has its own KV cache and queue.
 #[derive(Debug)]
 pub struct Worker {
+    /// The server's id in the `/workers` API (shared by its DP ranks).
+    pub id: WorkerId,
     /// The unit's name: `http://host:port` (or `https://`), with `@rank`
     /// appended for a DP rank (sglang-router's convention).
     pub url: String,
@@ -123,11 +129,15 @@ pub struct Worker {
     work: AtomicU64,
     health: Arc<Health>,
     processed: AtomicUsize,
+    /// Routing keys of the requests in flight, with how many each has:
+    /// what the `manual` policy's `min_group` assignment compares.
+    keys: Mutex<HashMap<RoutingKey, u32>>,
 }
 
 impl Worker {
-    /// A new unit; it starts unhealthy until a health check passes. Units of
-    /// one server share `health`.
+    /// A new unit with a fresh id; it starts unhealthy until a health check
+    /// passes. Units of one server share `health` (and, see
+    /// [`Worker::with_id`], their id).
     pub fn new(
         address: WorkerAddress,
         spec: WorkerSpec,
@@ -140,6 +150,7 @@ impl Worker {
             None => address.url.clone(),
         };
         Worker {
+            id: WorkerId::random(),
             endpoint_text: address.endpoint.to_string(),
             tls: address.tls,
             dns_name: address.dns_name().map(str::to_string),
@@ -155,7 +166,13 @@ impl Worker {
             work: AtomicU64::new(0),
             health,
             processed: AtomicUsize::new(0),
+            keys: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// This unit with `id` as its server's id.
+    pub fn with_id(self, id: WorkerId) -> Self {
+        Worker { id, ..self }
     }
 
     /// Regular or prefill or decode.
@@ -195,6 +212,28 @@ impl Worker {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
                 Some(w.saturating_sub(work))
             });
+    }
+
+    /// Counts one more request in flight under routing `key`.
+    pub fn hold_key(&self, key: RoutingKey) {
+        *self.keys.lock().entry(key).or_insert(0) += 1;
+    }
+
+    /// Counts a request under routing `key` as finished.
+    pub fn release_key(&self, key: RoutingKey) {
+        let mut keys = self.keys.lock();
+        if let Some(n) = keys.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                keys.remove(&key);
+            }
+        }
+    }
+
+    /// Distinct routing keys among the requests in flight (sglang-router's
+    /// "routing key load").
+    pub fn routing_keys(&self) -> usize {
+        self.keys.lock().len()
     }
 
     /// Estimated prefill work of the requests in flight.
@@ -276,6 +315,26 @@ mod tests {
         assert!(b.is_healthy());
         a.increment_load();
         assert_eq!((a.load(), b.load()), (1, 0));
+    }
+
+    #[test]
+    fn routing_keys_count_distinct_keys_in_flight() {
+        let w = worker();
+        let (a, b) = (
+            RoutingKey::from_header("a").unwrap(),
+            RoutingKey::from_header("b").unwrap(),
+        );
+        w.hold_key(a);
+        w.hold_key(a);
+        w.hold_key(b);
+        assert_eq!(w.routing_keys(), 2);
+        w.release_key(a);
+        assert_eq!(w.routing_keys(), 2, "a still has a request in flight");
+        w.release_key(a);
+        w.release_key(a);
+        assert_eq!(w.routing_keys(), 1);
+        w.release_key(b);
+        assert_eq!(w.routing_keys(), 0);
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod openai_error;
 mod parse;
 pub mod pd;
 mod route;
+mod status;
 mod text;
 pub mod wire;
 
@@ -21,5 +22,6 @@ pub use logprobs::{merge_first_sse_event, merge_input_logprobs, prefill_input_lo
 pub use openai_error::openai_error_json;
 pub use parse::{RequestBody, MAX_DEPTH, MAX_FIELDS};
 pub use route::{is_info_path, over_budget, too_large, Endpoint, Head, Refusal, Route, INFO_PATHS};
+pub use status::is_worker_failure;
 pub use text::MAX_TEXT_DEPTH;
 pub use wire::WireProfile;

@@ -10,11 +10,12 @@ use sglang_envoy_body::{
     over_budget, too_large, BodyError, Endpoint, Head, Refusal, RequestBody, Route,
 };
 use sglang_envoy_proto::{
-    route_response, Completion, Decision, Header, RouteRequest, RouteResponse, SERVICE_NAME,
+    route_response, Decision, Header, RouteRequest, RouteResponse, ROUTING_KEY_HEADER, SERVICE_NAME,
 };
 
 mod admission;
 mod local;
+mod outcome;
 mod prefill;
 
 use prefill::Prefill;
@@ -83,6 +84,8 @@ pub struct Request {
     prefill_call: Option<u32>,
     /// The outstanding `AwaitAdmission` call (admission control queued us).
     admission_call: Option<u32>,
+    /// The outstanding early report of a failed answer (`outcome.rs`).
+    outcome_call: Option<u32>,
     /// Outage fallback in PD mode: the prefill request the filter sent itself.
     prefill_http: Option<u32>,
     prefill: Prefill,
@@ -120,6 +123,7 @@ impl Request {
             sent_body: false,
             prefill_call: None,
             admission_call: None,
+            outcome_call: None,
             prefill_http: None,
             prefill: Prefill::None,
             merge_logprobs: false,
@@ -139,6 +143,9 @@ impl Request {
             method: self.method.clone(),
             request_id: self
                 .get_http_request_header("x-request-id")
+                .unwrap_or_default(),
+            routing_key: self
+                .get_http_request_header(ROUTING_KEY_HEADER)
                 .unwrap_or_default(),
             body_bytes: self.body_bytes as u64,
             ticket: self.ticket,
@@ -300,6 +307,12 @@ impl Context for Request {
             self.admission_ended(status_code, size);
             return;
         }
+        if self.outcome_call == Some(token) {
+            self.outcome_call = None;
+            // Counted (or not: the answer goes on either way).
+            self.resume_http_response();
+            return;
+        }
         if self.prefill_call == Some(token) {
             self.prefill_call = None;
             self.prefill_answered(status_code, size);
@@ -429,7 +442,12 @@ impl HttpContext for Request {
         self.reservation.release();
         self.body_waits.done(self.context_id);
         if matches!(self.prefill, Prefill::None) {
-            return Action::Continue;
+            // A failed answer is held until the control plane has counted it.
+            return if self.report_failure() {
+                Action::Pause
+            } else {
+                Action::Continue
+            };
         }
         let ok = self
             .get_http_response_header(":status")
@@ -483,34 +501,8 @@ impl HttpContext for Request {
         if !self.asked {
             return;
         }
-        let http_status = self
-            .get_property(vec!["response", "code"])
-            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-            .map_or(0, |b| u64::from_le_bytes(b) as u32);
-        let details = self
-            .get_property(vec!["response", "code_details"])
-            .and_then(|b| String::from_utf8(b).ok())
-            .unwrap_or_default();
-        let upstream_host = self
-            .get_property(vec!["upstream", "address"])
-            .and_then(|b| String::from_utf8(b).ok())
-            .unwrap_or_default();
-        let attempts = self
-            .get_property(vec!["upstream", "request_attempt_count"])
-            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-            .map_or(0, |b| u64::from_le_bytes(b).min(u64::from(u32::MAX)) as u32);
-        self.queue.push(Completion {
-            ticket: self.ticket,
-            http_status,
-            // Unfinished and not reset by the worker: the client hung up.
-            client_cancelled: !self.response_done && !details.starts_with("upstream"),
-            // A worker's answer, or Envoy's own reply about the worker
-            // ("upstream_..."), or else one of the router's own.
-            local_reply: !(details == "via_upstream" || details.starts_with("upstream")),
-            upstream_host,
-            duration_us: self.elapsed_us(),
-            attempts,
-        });
+        let completion = self.completion(false);
+        self.queue.push(completion);
     }
 }
 

@@ -7,15 +7,34 @@
 //! runs Envoy with the ext_proc filter (`envoy/envoy-ext-proc.yaml`) instead
 //! of the wasm filter.
 
+mod envoy_config;
+pub mod gateway;
 mod process;
 mod stack;
 mod tls;
 
+pub use envoy_config::{EnvoyConfig, EnvoyEnv};
 pub use process::{free_port, Proc};
-pub use stack::{venv_python, FrontDoor, PdOptions, SimWorker, Stack, StackOptions, KV_TIMEOUT_MS};
+pub use stack::{
+    hosts_file_supported, venv_python, FrontDoor, PdOptions, SimWorker, Stack, StackOptions,
+    KV_TIMEOUT_MS,
+};
 pub use tls::{envoy_tls_env, WorkerTls};
 
 use std::time::Duration;
+
+/// The repository's root directory.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repository root")
+}
+
+/// A file of the repository, by its path from the root.
+pub fn read_repo_file(rel: &str) -> String {
+    std::fs::read_to_string(repo_root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
 
 /// Asserts `r` is an OpenAI-shaped JSON error with `status` and returns its
 /// message: `{"error":{"message","type","param","code"}}`.
@@ -34,6 +53,14 @@ pub async fn expect_openai_error(r: reqwest::Response, status: u16) -> String {
         .as_str()
         .unwrap_or_default()
         .to_string()
+}
+
+/// The first `data:` event of a server-sent-events answer, parsed.
+pub fn first_sse_event(text: &str) -> serde_json::Value {
+    text.split("\n\n")
+        .find_map(|e| e.strip_prefix("data: "))
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap_or_else(|| panic!("no first event in {text:?}"))
 }
 
 /// Polls `check` every 50 ms until it returns true or `timeout` passes.

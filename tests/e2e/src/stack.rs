@@ -2,30 +2,27 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde_json::Value;
 
+use crate::envoy_config::{render_template, EnvoyConfig, EnvoyEnv};
 use crate::process::{free_port, Proc};
-use crate::tls::{envoy_tls_env, WorkerTls};
-use crate::wait_until;
+use crate::tls::WorkerTls;
+use crate::{repo_root, wait_until};
 
 static STACKS: AtomicUsize = AtomicUsize::new(0);
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn release_bin(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"));
+        .unwrap_or_else(|| repo_root().join("target"));
     target.join("release").join(name)
 }
 
 fn envoy_bin() -> PathBuf {
     std::env::var_os("SGLANG_ENVOY_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/envoy"))
+        .unwrap_or_else(|| repo_root().join(".venv/bin/envoy"))
 }
 
 /// How requests get from Envoy to the control plane: the wasm filter
@@ -88,6 +85,14 @@ pub struct StackOptions {
     /// these files and are registered as `https://`. The control plane's
     /// TLS flags are `cp_args`; Envoy gets the same ones.
     pub worker_tls: Option<WorkerTls>,
+    /// Run Envoy with this config instead of the rendered template (a
+    /// gateway-shaped config, see [`crate::gateway`]).
+    pub envoy_config: Option<EnvoyConfig>,
+    /// Run the control plane in a mount namespace of its own whose
+    /// `/etc/hosts` is this file (needs `unshare` and the right to mount,
+    /// see [`hosts_file_supported`]): tests of workers named by DNS rewrite
+    /// it to move a name.
+    pub cp_hosts_file: Option<PathBuf>,
 }
 
 /// A PD fleet of simulated workers.
@@ -140,6 +145,8 @@ impl Default for StackOptions {
             filter_options: String::new(),
             max_connections: None,
             worker_tls: None,
+            envoy_config: None,
+            cp_hosts_file: None,
         }
     }
 }
@@ -153,6 +160,11 @@ pub struct SimWorker {
     /// Reaches the worker directly (trusting a TLS worker's CA, with the
     /// client certificate it may require).
     client: reqwest::Client,
+    port: u16,
+    /// Its flags, TLS ones included, to start it again the same.
+    args: Vec<String>,
+    dir: PathBuf,
+    starts: usize,
     proc: Proc,
 }
 
@@ -168,33 +180,103 @@ impl SimWorker {
         args: &[String],
         tls: Option<&WorkerTls>,
     ) -> anyhow::Result<SimWorker> {
-        let port = free_port();
-        let mut all = vec!["--port".to_string(), port.to_string()];
-        all.extend_from_slice(args);
+        let w = SimWorker::spawn_with(dir, free_port(), args, tls)?;
+        w.wait_healthy(Duration::from_secs(20)).await?;
+        Ok(w)
+    }
+
+    /// Starts a simulated worker on `port` without waiting for it (a
+    /// worker that comes up after the router).
+    pub fn spawn(dir: &Path, port: u16, args: &[String]) -> anyhow::Result<SimWorker> {
+        SimWorker::spawn_with(dir, port, args, None)
+    }
+
+    /// [`SimWorker::spawn`], serving HTTPS with `tls` when given.
+    pub fn spawn_with(
+        dir: &Path,
+        port: u16,
+        args: &[String],
+        tls: Option<&WorkerTls>,
+    ) -> anyhow::Result<SimWorker> {
+        SimWorker::spawn_at(dir, "127.0.0.1", port, args, tls)
+    }
+
+    /// [`SimWorker::spawn_with`], listening on `host` (another loopback
+    /// address, say, to stand for a worker that moved).
+    pub fn spawn_at(
+        dir: &Path,
+        host: &str,
+        port: u16,
+        args: &[String],
+        tls: Option<&WorkerTls>,
+    ) -> anyhow::Result<SimWorker> {
+        let mut args = args.to_vec();
+        args.extend(["--host".to_string(), host.to_string()]);
         let (scheme, client) = match tls {
             Some(tls) => {
-                all.extend(tls.worker_args());
+                args.extend(tls.worker_args());
                 ("https", tls.client()?)
             }
             None => ("http", reqwest::Client::new()),
         };
+        let mut all = vec!["--port".to_string(), port.to_string()];
+        all.extend_from_slice(&args);
         let proc = Proc::spawn(
-            &format!("worker-{port}"),
+            &if host == "127.0.0.1" {
+                format!("worker-{port}")
+            } else {
+                format!("worker-{host}-{port}")
+            },
             &release_bin("sglang-sim-worker"),
             &all,
             dir,
         )?;
-        let w = SimWorker {
-            url: format!("{scheme}://127.0.0.1:{port}"),
+        Ok(SimWorker {
+            url: format!("{scheme}://{host}:{port}"),
             bootstrap_port: None,
             client,
+            port,
+            args,
+            dir: dir.to_path_buf(),
+            starts: 1,
             proc,
-        };
-        let health = format!("{}/health", w.url);
-        if !wait_until(Duration::from_secs(20), || ok_with(&w.client, &health)).await {
-            bail!("simulated worker {} did not become healthy", w.url);
+        })
+    }
+
+    /// Waits until the worker's `/health` answers 200.
+    pub async fn wait_healthy(&self, timeout: Duration) -> anyhow::Result<()> {
+        let health = format!("{}/health", self.url);
+        if !wait_until(timeout, || ok_with(&self.client, &health)).await {
+            bail!("simulated worker {} did not become healthy", self.url);
         }
-        Ok(w)
+        Ok(())
+    }
+
+    /// Whether the worker's `/health` answers 200 now.
+    pub async fn is_up(&self) -> bool {
+        ok_with(&self.client, &format!("{}/health", self.url)).await
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts the worker again (after [`SimWorker::kill`]) on the same
+    /// port with the same flags, without waiting for it. Its counters and
+    /// request log start empty.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.proc.kill();
+        self.starts += 1;
+        let mut all = vec!["--port".to_string(), self.port.to_string()];
+        all.extend_from_slice(&self.args);
+        self.proc = Proc::spawn(
+            &format!("worker-{}-{}", self.port, self.starts),
+            &release_bin("sglang-sim-worker"),
+            &all,
+            &self.dir,
+        )?;
+        Ok(())
     }
 
     /// Starts a PD worker (`mode` prefill or decode) whose bootstrap port
@@ -232,6 +314,14 @@ impl SimWorker {
             w.bootstrap_port = Some(bootstrap_port);
         }
         Ok(w)
+    }
+
+    /// `host:port`, as the control plane names the worker to Envoy.
+    pub fn address(&self) -> String {
+        self.url
+            .split_once("://")
+            .map_or(self.url.as_str(), |(_, a)| a)
+            .to_string()
     }
 
     /// The simulator's counters (`/_sim/stats`).
@@ -292,7 +382,56 @@ pub struct Stack {
     cp: Proc,
     cp_args: Vec<String>,
     cp_starts: usize,
+    cp_hosts_file: Option<PathBuf>,
     envoy: Proc,
+}
+
+/// Starts the control plane with `args`, in a mount namespace of its own
+/// with `hosts` as its `/etc/hosts` when given.
+fn spawn_control_plane(
+    name: &str,
+    args: &[String],
+    dir: &Path,
+    hosts: Option<&Path>,
+) -> anyhow::Result<Proc> {
+    let bin = release_bin("sglang-envoy-control-plane");
+    let Some(hosts) = hosts else {
+        return Proc::spawn(name, &bin, args, dir);
+    };
+    // The bind mount is private to the namespace (unshare's default
+    // propagation), so the machine's /etc/hosts is untouched.
+    // --map-root-user: a user namespace lets a user who is not root mount
+    // too, where the kernel allows unprivileged user namespaces.
+    let mut all: Vec<String> = [
+        "--map-root-user",
+        "--mount",
+        "sh",
+        "-c",
+        "mount --bind \"$0\" /etc/hosts && exec \"$@\"",
+    ]
+    .map(String::from)
+    .to_vec();
+    all.push(hosts.display().to_string());
+    all.push(bin.display().to_string());
+    all.extend_from_slice(args);
+    Proc::spawn(name, Path::new("unshare"), &all, dir)
+}
+
+/// Whether this machine lets the tests give a process its own `/etc/hosts`
+/// ([`StackOptions::cp_hosts_file`]): `unshare` and the right to mount.
+pub fn hosts_file_supported() -> bool {
+    std::process::Command::new("unshare")
+        .args([
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            "mount --bind /etc/hosts /etc/hosts",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 async fn ok(url: &str) -> bool {
@@ -378,11 +517,19 @@ impl Stack {
             grpc_port.to_string(),
             "--policy".into(),
             opts.policy.clone(),
-            "--health-check-interval-secs".into(),
-            "1".into(),
             "--log-level".into(),
             "debug".into(),
         ];
+        if !opts
+            .cp_args
+            .iter()
+            .any(|a| a == "--health-check-interval-secs")
+        {
+            // Quick checks keep the suite quick; tests of the schedule
+            // itself set the interval.
+            args.push("--health-check-interval-secs".into());
+            args.push("1".into());
+        }
         if !workers.is_empty() {
             args.push("--worker-urls".into());
             args.extend(workers.iter().map(|w| w.url.clone()));
@@ -392,12 +539,7 @@ impl Stack {
         args.push("--state-file".into());
         args.push(dir.join("workers.json").display().to_string());
         args.extend(opts.cp_args.iter().cloned());
-        let cp = Proc::spawn(
-            "control-plane",
-            &release_bin("sglang-envoy-control-plane"),
-            &args,
-            &dir,
-        )?;
+        let cp = spawn_control_plane("control-plane", &args, &dir, opts.cp_hosts_file.as_deref())?;
         let admin = format!("http://127.0.0.1:{admin_port}");
         let cp_health = format!("{admin}/health");
         if !wait_until(Duration::from_secs(20), || ok(&cp_health)).await {
@@ -405,37 +547,27 @@ impl Stack {
         }
 
         let (port, envoy_admin) = (free_port(), free_port());
-        // The same renderer as the quick start and docker compose.
-        let template_path = FrontDoor::current().template();
-        let wasm = root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
+        let wasm = repo_root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
         let config_path = dir.join("envoy.yaml");
-        let rendered = std::process::Command::new("sh")
-            .arg(root().join("envoy/render.sh"))
-            .arg(&config_path)
-            .env("ENVOY_TEMPLATE", root().join(template_path))
-            .env("LISTEN_HOST", "127.0.0.1")
-            .env("LISTEN_PORT", port.to_string())
-            .env("ENVOY_ADMIN_PORT", envoy_admin.to_string())
-            .env("CONTROL_PLANE_HOST", "127.0.0.1")
-            .env("CONTROL_PLANE_GRPC_PORT", grpc_port.to_string())
-            .env("CONTROL_PLANE_ADMIN_PORT", admin_port.to_string())
-            .env("MAX_BODY_BYTES", opts.max_body_bytes.to_string())
-            .env("FILTER_WASM", wasm.display().to_string())
-            .env("ADMIN_ROUTES", if opts.admin_routes { "on" } else { "off" })
-            .env("FILTER_OPTIONS", &opts.filter_options)
-            .env(
-                "MAX_CONNECTIONS",
-                opts.max_connections.unwrap_or(10_000).to_string(),
-            )
-            // Envoy trusts and presents what the control plane does.
-            .envs(envoy_tls_env(&opts.cp_args))
-            .output()
-            .context("running envoy/render.sh")?;
-        if !rendered.status.success() {
-            bail!(
-                "envoy/render.sh failed for {template_path}: {}",
-                String::from_utf8_lossy(&rendered.stderr)
-            );
+        if let Some(config) = &opts.envoy_config {
+            let routed = if decodes.is_empty() {
+                &workers
+            } else {
+                &decodes
+            };
+            let env = EnvoyEnv {
+                dir: dir.clone(),
+                listen_port: port,
+                admin_port: envoy_admin,
+                cp_grpc_port: grpc_port,
+                cp_admin_port: admin_port,
+                wasm: wasm.clone(),
+                workers: routed.iter().map(SimWorker::address).collect(),
+            };
+            std::fs::write(&config_path, (config.0)(&env)?)?;
+        } else {
+            let ports = [port, envoy_admin, grpc_port, admin_port];
+            render_template(&opts, &config_path, &wasm, ports)?;
         }
         let envoy = Proc::spawn(
             "envoy",
@@ -462,6 +594,7 @@ impl Stack {
             cp,
             cp_args: args,
             cp_starts: 1,
+            cp_hosts_file: opts.cp_hosts_file.clone(),
             envoy,
         };
         // Ready when a request through Envoy reaches a worker (or, with no
@@ -541,6 +674,26 @@ impl Stack {
         .await
     }
 
+    /// The control plane's Prometheus text.
+    pub async fn metrics(&self) -> String {
+        let r = reqwest::get(format!("{}/metrics", self.admin)).await;
+        match r {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// A metric of the control plane, summed over its labels (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter(|l| l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// One counter or gauge of Envoy's stats (`None` when Envoy has none
     /// by that name).
     pub async fn envoy_stat(&self, name: &str) -> Option<u64> {
@@ -569,11 +722,11 @@ impl Stack {
     pub async fn restart_control_plane(&mut self) -> anyhow::Result<()> {
         self.cp.kill();
         self.cp_starts += 1;
-        self.cp = Proc::spawn(
+        self.cp = spawn_control_plane(
             &format!("control-plane-{}", self.cp_starts),
-            &release_bin("sglang-envoy-control-plane"),
             &self.cp_args,
             &self.dir,
+            self.cp_hosts_file.as_deref(),
         )?;
         let health = format!("{}/health", self.admin);
         if !wait_until(Duration::from_secs(20), || ok(&health)).await {

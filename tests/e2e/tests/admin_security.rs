@@ -175,9 +175,8 @@ async fn garbage_forbidden_and_duplicate_worker_urls_are_400() {
         // Nor is the control plane itself.
         format!("http://127.0.0.1:{admin_port}"),
         format!("http://localhost:{admin_port}"),
-        // The registered worker, however it is spelled.
-        existing.clone(),
-        format!("{existing}/"),
+        // The registered worker under another spelling (the same spelling
+        // is idempotent: see below).
         format!("http://localhost:{port}"),
         format!("http://[::1]:{port}"),
         format!("http://[::ffff:127.0.0.1]:{port}"),
@@ -202,6 +201,28 @@ async fn garbage_forbidden_and_duplicate_worker_urls_are_400() {
         .await
         .unwrap();
     expect_openai_error(r, 400).await;
+    // Posting a registered URL again changes nothing and answers its id, as
+    // sglang-router does; the query-string API calls it a duplicate.
+    let id = stack.get_json("/workers").await["workers"][0]["id"].clone();
+    for same in [existing.clone(), format!("{existing}/")] {
+        let r = client
+            .post(stack.admin_url("/workers"))
+            .json(&json!({ "url": same }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["worker_id"], id);
+        let r = client
+            .post(stack.admin_url(&format!("/add_worker?url={same}")))
+            .send()
+            .await
+            .unwrap();
+        assert!(expect_openai_error(r, 400)
+            .await
+            .contains("already registered"));
+    }
     let listed = stack.get_json("/list_workers").await;
     assert_eq!(listed["urls"], json!([existing]));
     // One server, one load: the registered worker still serves alone.

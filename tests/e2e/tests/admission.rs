@@ -67,14 +67,8 @@ async fn burst(stack: &Stack, n: usize, body: &str) -> Vec<(u16, String)> {
 
 async fn admission_idle(stack: &Stack) -> bool {
     wait_until(Duration::from_secs(5), || async {
-        let m = reqwest::get(format!("{}/metrics", stack.admin))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        m.contains("sgl_router_admission_in_flight 0")
-            && m.contains("sgl_router_admission_queued 0")
+        stack.metric("sgl_router_admission_in_flight").await == 0.0
+            && stack.metric("sgl_router_admission_queued").await == 0.0
     })
     .await
 }
@@ -144,13 +138,7 @@ async fn a_client_that_leaves_the_queue_frees_its_place() {
     assert!(gone.is_err(), "the queued request was answered");
     // Its place in the queue is free again at once...
     let freed = wait_until(Duration::from_secs(1), || async {
-        let m = reqwest::get(format!("{}/metrics", stack.admin))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        m.contains("sgl_router_admission_queued 0")
+        stack.metric("sgl_router_admission_queued").await == 0.0
     })
     .await;
     assert!(freed, "the gone request kept its place in the queue");

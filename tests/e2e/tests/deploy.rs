@@ -15,16 +15,14 @@ use std::process::Command;
 use regex::Regex;
 use serde::Deserialize;
 use serde_yaml::Value;
+use sglang_envoy_e2e::gateway::find_doc;
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repository root")
+    sglang_envoy_e2e::repo_root()
 }
 
 fn read(rel: &str) -> String {
-    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    sglang_envoy_e2e::read_repo_file(rel)
 }
 
 /// Every YAML document of a file (`---` separated), each required to parse.
@@ -34,17 +32,6 @@ fn yaml_docs(rel: &str) -> Vec<Value> {
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{rel} is not YAML: {e}")))
         .filter(|v| !v.is_null())
         .collect()
-}
-
-/// The one document of `rel` with this `kind` (and `name`, when given).
-fn doc<'a>(docs: &'a [Value], kind: &str, name: Option<&str>) -> &'a Value {
-    let found: Vec<&Value> = docs
-        .iter()
-        .filter(|d| d["kind"].as_str() == Some(kind))
-        .filter(|d| name.is_none_or(|n| d["metadata"]["name"].as_str() == Some(n)))
-        .collect();
-    assert_eq!(found.len(), 1, "exactly one {kind} {name:?}");
-    found[0]
 }
 
 fn s(v: &Value) -> String {
@@ -642,8 +629,12 @@ fn envoy_config_exists_once() {
     }
     let mut files = Vec::new();
     walk(&root(), &mut files);
+    // Gateway-shaped skeletons (what istiod and Envoy Gateway generate
+    // themselves) are not copies of ours.
+    let shapes = root().join("tests/e2e/gateway-shapes");
     let copies: Vec<&PathBuf> = files
         .iter()
+        .filter(|p| !p.starts_with(&shapes))
         .filter(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("static_resources:")))
         .collect();
     let mut copies: Vec<PathBuf> = copies.into_iter().cloned().collect();
@@ -873,7 +864,7 @@ fn istio_envoyfilter_carries_the_template_settings() {
     let t = template();
     let qs = quickstart();
     let docs = yaml_docs("deploy/istio/envoyfilter.yaml");
-    let ef = doc(&docs, "EnvoyFilter", Some("sglang-router"));
+    let ef = find_doc(&docs, "EnvoyFilter", Some("sglang-router"));
     assert_eq!(s(&ef["apiVersion"]), "networking.istio.io/v1alpha3");
     let patches = ef["spec"]["configPatches"].as_sequence().unwrap();
     let by = |apply: &str| -> Vec<&Value> {
@@ -892,17 +883,58 @@ fn istio_envoyfilter_carries_the_template_settings() {
         &p["patch"]["value"]
     };
 
+    // The workers: the template's cluster settings, but the Service's pod
+    // addresses by DNS instead of EDS (a cluster added over CDS cannot be
+    // an xDS source).
     let workers = added("sglang_workers");
     let tw = cluster(&t, "sglang_workers");
     for key in [
-        "type",
         "connect_timeout",
         "per_connection_buffer_limit_bytes",
-        "eds_cluster_config",
+        "circuit_breakers",
         "load_balancing_policy",
     ] {
         assert_eq!(workers[key], tw[key], "sglang_workers.{key}");
     }
+    assert_eq!(s(&workers["type"]), "STRICT_DNS");
+    assert!(workers["eds_cluster_config"].is_null());
+    let k8s_docs = yaml_docs("deploy/control-plane.yaml");
+    let wsvc = find_doc(&k8s_docs, "Service", Some("sglang-workers"));
+    assert_eq!(wsvc["spec"]["publishNotReadyAddresses"], Value::Bool(true));
+    let waddr = &workers["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+        ["address"]["socket_address"];
+    assert_eq!(
+        format!("{}:{}", s(&waddr["address"]), s(&waddr["port_value"])),
+        format!(
+            "{}.{}.svc.cluster.local:{}",
+            s(&wsvc["metadata"]["name"]),
+            s(&wsvc["metadata"]["namespace"]),
+            s(&wsvc["spec"]["ports"][0]["port"])
+        )
+    );
+    // Every listener or route patch is limited to the Gateway's port.
+    let port = sglang_envoy_e2e::gateway::istio::gateway_port();
+    for p in patches.iter().filter(|p| p["applyTo"] != "CLUSTER") {
+        let m = &p["match"];
+        let n = m["listener"]["portNumber"]
+            .as_u64()
+            .or(m["routeConfiguration"]["portNumber"].as_u64());
+        assert_eq!(
+            n,
+            Some(port),
+            "{:?} patch without the Gateway's port",
+            p["applyTo"]
+        );
+    }
+    // The connection manager settings are the template's.
+    let nf = by("NETWORK_FILTER");
+    assert_eq!(nf.len(), 1);
+    let merged = &nf[0]["patch"]["value"]["typed_config"];
+    let th = hcm(&t);
+    for (k, v) in merged.as_mapping().unwrap() {
+        assert_eq!(&th[k.as_str().unwrap()], v, "HttpConnectionManager.{k:?}");
+    }
+    assert!(merged["local_reply_config"].is_mapping());
     let cp = added("sglang_control_plane");
     let tcp = cluster(&t, "sglang_control_plane");
     assert_eq!(
@@ -912,7 +944,7 @@ fn istio_envoyfilter_carries_the_template_settings() {
     let addr = &cp["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
         ["socket_address"];
     let k8s = yaml_docs("deploy/control-plane.yaml");
-    let svc = doc(&k8s, "Service", Some("sglang-control-plane"));
+    let svc = find_doc(&k8s, "Service", Some("sglang-control-plane"));
     assert_eq!(
         s(&addr["address"]),
         format!(
@@ -974,9 +1006,9 @@ fn istio_envoyfilter_carries_the_template_settings() {
     }
     let route_name = s(&routes[0]["match"]["routeConfiguration"]["vhost"]["route"]["name"]);
     let gw = yaml_docs("deploy/istio/gateway.yaml");
-    let vs = doc(&gw, "VirtualService", None);
+    let vs = find_doc(&gw, "VirtualService", None);
     assert_eq!(s(&vs["spec"]["http"][0]["name"]), route_name);
-    let gateway = doc(&gw, "Gateway", None);
+    let gateway = find_doc(&gw, "Gateway", None);
     assert_eq!(
         gateway["spec"]["selector"],
         ef["spec"]["workloadSelector"]["labels"]
@@ -999,14 +1031,14 @@ fn envoy_gateway_policies_match_the_template() {
     let t = template();
     let qs = quickstart();
     let k8s = yaml_docs("deploy/control-plane.yaml");
-    let cp_svc = doc(&k8s, "Service", Some("sglang-control-plane"));
-    let workers_svc = doc(&k8s, "Service", Some("sglang-workers"));
+    let cp_svc = find_doc(&k8s, "Service", Some("sglang-control-plane"));
+    let workers_svc = find_doc(&k8s, "Service", Some("sglang-workers"));
     let ns = s(&cp_svc["metadata"]["namespace"]);
 
     let gw = yaml_docs("deploy/envoy-gateway/gateway.yaml");
-    let gateway = doc(&gw, "Gateway", Some("sglang"));
+    let gateway = find_doc(&gw, "Gateway", Some("sglang"));
     assert_eq!(s(&gateway["apiVersion"]), "gateway.networking.k8s.io/v1");
-    let route = doc(&gw, "HTTPRoute", Some("sglang"));
+    let route = find_doc(&gw, "HTTPRoute", Some("sglang"));
     assert_eq!(s(&route["apiVersion"]), "gateway.networking.k8s.io/v1");
     assert_eq!(
         s(&route["spec"]["parentRefs"][0]["name"]),
@@ -1022,7 +1054,7 @@ fn envoy_gateway_policies_match_the_template() {
     );
 
     // Endpoint override on the template's header; the template's retries.
-    let btp = doc(&gw, "BackendTrafficPolicy", None);
+    let btp = find_doc(&gw, "BackendTrafficPolicy", None);
     assert_eq!(s(&btp["apiVersion"]), "gateway.envoyproxy.io/v1alpha1");
     assert_eq!(s(&btp["spec"]["targetRefs"][0]["kind"]), "HTTPRoute");
     assert_eq!(s(&btp["spec"]["targetRefs"][0]["name"]), "sglang");
@@ -1045,7 +1077,7 @@ fn envoy_gateway_policies_match_the_template() {
 
     // Variant A: ext_proc to the control plane's gRPC port, body buffered.
     let ext = yaml_docs("deploy/envoy-gateway/extproc.yaml");
-    let eep = doc(&ext, "EnvoyExtensionPolicy", None);
+    let eep = find_doc(&ext, "EnvoyExtensionPolicy", None);
     assert_eq!(s(&eep["apiVersion"]), "gateway.envoyproxy.io/v1alpha1");
     assert_eq!(s(&eep["metadata"]["namespace"]), ns);
     assert_eq!(s(&eep["spec"]["targetRefs"][0]["name"]), "sglang");
@@ -1059,11 +1091,57 @@ fn envoy_gateway_policies_match_the_template() {
         qs.cp_flags["--grpc-port"]
     );
     assert_eq!(s(&proc["processingMode"]["request"]["body"]), "Buffered");
+    // What envoy/envoy-ext-proc.yaml's filter has, as Envoy Gateway can say it.
+    let ext_t: Value = {
+        let mut env = qs.placeholders.clone();
+        env.insert("FILTER_WASM".into(), "/f.wasm".into());
+        env.insert(
+            "ENVOY_TEMPLATE".into(),
+            root()
+                .join("envoy/envoy-ext-proc.yaml")
+                .display()
+                .to_string(),
+        );
+        serde_yaml::from_str(&render(&env, "ext-proc")).unwrap()
+    };
+    let te = &wasm_filter(&ext_t)["typed_config"];
+    assert_eq!(
+        proc["processingMode"]["allowModeOverride"],
+        te["allow_mode_override"]
+    );
+    assert_eq!(
+        proc["processingMode"]["response"]["attributes"],
+        te["response_attributes"]
+    );
+    let secs = |v: &Value| s(v).trim_end_matches('s').parse::<f64>().unwrap();
+    assert!(
+        secs(&proc["messageTimeout"]) >= secs(&te["max_message_timeout"]),
+        "messageTimeout covers the longest wait the control plane asks for"
+    );
+    assert_eq!(proc["failOpen"], Value::Bool(false));
+
+    // The client buffer above the body limit; the template's path handling.
+    let ctp = find_doc(&gw, "ClientTrafficPolicy", None);
+    assert_eq!(
+        s(&ctp["spec"]["targetRefs"][0]["name"]),
+        s(&gateway["metadata"]["name"])
+    );
+    let limit = sglang_envoy_e2e::gateway::envoy_gateway::quantity(
+        &ctp["spec"]["connection"]["bufferLimit"],
+    );
+    assert_eq!(
+        Value::from(limit),
+        t["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"]
+    );
+    assert_eq!(
+        s(&ctp["spec"]["path"]["escapedSlashesAction"]),
+        "RejectRequest"
+    );
 
     // Variant B: the wasm filter with the template's filter settings, plus
     // the patch adding the control-plane cluster and the headers flag.
     let wasm_docs = yaml_docs("deploy/envoy-gateway/wasm.yaml");
-    let wp = doc(&wasm_docs, "EnvoyExtensionPolicy", None);
+    let wp = find_doc(&wasm_docs, "EnvoyExtensionPolicy", None);
     let w = &wp["spec"]["wasm"][0];
     let tf = &wasm_filter(&t)["typed_config"]["config"];
     assert_eq!(s(&w["rootID"]), s(&tf["root_id"]));
@@ -1073,7 +1151,7 @@ fn envoy_gateway_policies_match_the_template() {
         serde_json::from_str(&serde_json::to_string(&w["config"]).unwrap()).unwrap();
     assert_eq!(conf, template_conf);
     assert!(["HTTP", "Image"].contains(&s(&w["code"]["type"]).as_str()));
-    let epp = doc(&wasm_docs, "EnvoyPatchPolicy", None);
+    let epp = find_doc(&wasm_docs, "EnvoyPatchPolicy", None);
     assert_eq!(s(&epp["spec"]["targetRef"]["name"]), "sglang");
     let patches = epp["spec"]["jsonPatches"].as_sequence().unwrap();
     let cp_cluster = patches
@@ -1092,17 +1170,47 @@ fn envoy_gateway_policies_match_the_template() {
         without(&cp_cluster["operation"]["value"], "load_assignment"),
         without(cluster(&t, "sglang_control_plane"), "load_assignment")
     );
-    assert!(patches.iter().any(|p| {
-        p["operation"]["path"].as_str() == Some("allow_on_headers_stop_iteration")
-            && p["operation"]["value"] == Value::Bool(true)
-    }));
+    let listener = format!(
+        "{}/{}/{}",
+        s(&gateway["metadata"]["namespace"]),
+        s(&gateway["metadata"]["name"]),
+        s(&gateway["spec"]["listeners"][0]["name"])
+    );
+    for (field, value) in [
+        (
+            "allow_on_headers_stop_iteration",
+            &tf["allow_on_headers_stop_iteration"],
+        ),
+        ("failure_policy", &tf["failure_policy"]),
+        ("reload_config", &tf["reload_config"]),
+    ] {
+        let p = patches
+            .iter()
+            .find(|p| {
+                p["operation"]["path"].as_str() == Some(&format!("typed_config/config/{field}"))
+            })
+            .unwrap_or_else(|| panic!("a patch setting {field}"));
+        assert_eq!(&p["operation"]["value"], value, "{field}");
+        assert_eq!(s(&p["name"]), listener);
+    }
+    // The module: an image, or a URL with a real checksum.
+    match s(&w["code"]["type"]).as_str() {
+        "Image" => assert!(w["code"]["image"]["url"].is_string()),
+        _ => {
+            let sha = s(&w["code"]["http"]["sha256"]);
+            assert!(
+                sha.len() == 64 && sha.chars().any(|c| c != '0'),
+                "sha256 {sha}"
+            );
+        }
+    }
 }
 
 #[test]
 fn kubernetes_control_plane_uses_the_quickstart_flags() {
     let qs = quickstart();
     let k8s = yaml_docs("deploy/control-plane.yaml");
-    let dep = doc(&k8s, "Deployment", Some("sglang-control-plane"));
+    let dep = find_doc(&k8s, "Deployment", Some("sglang-control-plane"));
     assert_eq!(s(&dep["apiVersion"]), "apps/v1");
     assert_eq!(
         dep["spec"]["replicas"].as_u64(),
@@ -1140,7 +1248,7 @@ fn kubernetes_control_plane_uses_the_quickstart_flags() {
         f["--admin-port"]
     );
 
-    let svc = doc(&k8s, "Service", Some("sglang-control-plane"));
+    let svc = find_doc(&k8s, "Service", Some("sglang-control-plane"));
     assert_eq!(
         svc["spec"]["selector"],
         dep["spec"]["selector"]["matchLabels"]
@@ -1157,7 +1265,7 @@ fn kubernetes_control_plane_uses_the_quickstart_flags() {
     assert_eq!(svc_ports, ports);
 
     // Worker URLs name pods of the headless workers Service.
-    let workers = doc(&k8s, "Service", Some("sglang-workers"));
+    let workers = find_doc(&k8s, "Service", Some("sglang-workers"));
     assert_eq!(s(&workers["spec"]["clusterIP"]), "None");
     let port = s(&workers["spec"]["ports"][0]["port"]);
     let suffix = format!(
@@ -1320,5 +1428,53 @@ fn every_deploy_yaml_parses_with_kind_and_api_version() {
             assert!(d["kind"].is_string(), "{rel}: kind");
             assert!(d["metadata"]["name"].is_string(), "{rel}: metadata.name");
         }
+    }
+}
+
+/// docker compose is safe by default: its Envoy publishes the admin API on
+/// the client port (ADMIN_ROUTES defaults to on) only with every route
+/// marked as coming from a client, so that the control plane (which compose
+/// starts without --admin-token) refuses changes to the workers there
+/// (admin_security.rs shows the refusal on a real Envoy).
+#[test]
+fn compose_client_port_cannot_change_the_workers() {
+    let c = compose();
+    let mut env = env_of(&c["services"]["envoy"]);
+    for v in env.values_mut() {
+        *v = interpolate_defaults(v);
+    }
+    env.retain(|_, v| !v.is_empty());
+    assert!(
+        !env.contains_key("ADMIN_ROUTES"),
+        "compose keeps render.sh's default"
+    );
+    let b: Value = serde_yaml::from_str(&render(&env, "compose-admin")).unwrap();
+    let routes = hcm(&b)["route_config"]["virtual_hosts"][0]["routes"]
+        .as_sequence()
+        .unwrap();
+    let admin: Vec<&Value> = routes
+        .iter()
+        .filter(|r| r["route"]["cluster"].as_str() == Some("sglang_control_plane_admin"))
+        .collect();
+    assert!(admin.iter().any(|r| r["match"]["path"] == "/add_worker"));
+    for r in admin {
+        let marks = r["request_headers_to_add"].as_sequence().expect("marked");
+        assert!(
+            marks
+                .iter()
+                .any(|h| h["header"]["key"] == "x-sglang-envoy-client-port"
+                    && h["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD"),
+            "{:?} is not marked as a client's",
+            r["match"]
+        );
+    }
+    let cp = interpolate_defaults(&s(&c["services"]["control-plane"]["command"]));
+    assert!(!cp.contains("--admin-token"), "no token in the file itself");
+    // The gateway recipes route nothing to the admin API.
+    for f in [
+        "deploy/istio/envoyfilter.yaml",
+        "deploy/envoy-gateway/gateway.yaml",
+    ] {
+        assert!(!read(f).contains("30010"), "{f} exposes the admin port");
     }
 }

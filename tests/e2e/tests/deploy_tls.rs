@@ -16,14 +16,11 @@ const TEMPLATES: [&str; 2] = ["envoy/envoy.yaml", "envoy/envoy-ext-proc.yaml"];
 const WORKER_CLUSTERS: [&str; 2] = ["sglang_workers", "sglang_prefill_workers"];
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repository root")
+    sglang_envoy_e2e::repo_root()
 }
 
 fn read(rel: &str) -> String {
-    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    sglang_envoy_e2e::read_repo_file(rel)
 }
 
 fn scratch(name: &str) -> PathBuf {

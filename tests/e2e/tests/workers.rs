@@ -85,17 +85,23 @@ async fn workers_added_and_removed_at_run_time_take_effect() {
         "a removed worker must get no requests"
     );
 
-    // The JSON API.
+    // The JSON API (sglang-router's shapes: workers_api.rs).
     let r = client
         .post(stack.admin_url("/workers"))
         .json(&serde_json::json!({"url": extra.url}))
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
-    let all = stack.get_json("/workers").await;
-    assert_eq!(all["total"], 2);
-    assert_eq!(all["healthy"], 2);
+    assert_eq!(r.status(), 202);
+    let s = &stack;
+    assert!(
+        wait_until(Duration::from_secs(5), || async move {
+            let all = s.get_json("/workers").await;
+            all["total"] == 2 && all["healthy"] == 2
+        })
+        .await,
+        "the worker added again is not healthy"
+    );
     send(&stack, 4).await;
     assert_eq!(extra.served().await, 7);
     let encoded = extra.url.replace(':', "%3A").replace('/', "%2F");

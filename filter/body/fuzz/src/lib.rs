@@ -136,6 +136,60 @@ fn neutralise_surrogates(raw: &[u8]) -> Vec<u8> {
     out
 }
 
+/// True when `raw` is a JSON object but for unpaired surrogate escapes,
+/// and one of them stands in a top-level key (between the end of the
+/// previous value and the start of the key's value).
+fn surrogate_in_top_level_key(raw: &[u8]) -> bool {
+    let neutral = neutralise_surrogates(raw);
+    if neutral == raw {
+        return false;
+    }
+    let Some(spans) = value_spans(&neutral) else {
+        return false;
+    };
+    let mut from = 0;
+    spans.iter().any(|&(start, end)| {
+        let key = from..start;
+        from = end;
+        raw[key.clone()] != neutral[key]
+    })
+}
+
+/// The byte span of every top-level value of a JSON object, in order.
+fn value_spans(raw: &[u8]) -> Option<Vec<(usize, usize)>> {
+    struct Spans<'a>(Vec<&'a RawValue>);
+    impl<'de> Deserialize<'de> for Spans<'de> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Spans<'de>;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Spans<'de>, A::Error> {
+                    let mut out = Vec::new();
+                    while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+                        out.push(map.next_value::<&'de RawValue>()?);
+                    }
+                    Ok(Spans(out))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+    let Spans(values) = serde_json::from_slice::<Spans>(raw).ok()?;
+    let base = raw.as_ptr() as usize;
+    Some(
+        values
+            .iter()
+            .map(|v| {
+                let start = v.get().as_ptr() as usize - base;
+                (start, start + v.get().len())
+            })
+            .collect(),
+    )
+}
+
 /// JSON whitespace, which serde_json skips around a value.
 fn trim_json_ws(s: &str) -> &str {
     s.trim_matches([' ', '\t', '\n', '\r'])
@@ -166,10 +220,11 @@ pub fn check_parse(data: &[u8]) {
         }
         _ => {}
     }
-    // Known divergence: an unpaired surrogate escape inside a *key* is
-    // rejected (keys are decoded to match them; values are kept raw and
-    // accepted). No SGLang field name contains one.
-    let surrogate_key = parsed.is_err() && neutralise_surrogates(data) != data;
+    // Known divergence: an unpaired surrogate escape inside a top-level
+    // *key* is rejected (keys are decoded to match them; values are kept
+    // raw and accepted). No SGLang field name contains one. Only that case
+    // is exempt: a surrogate in a value must still be accepted.
+    let surrogate_key = parsed.is_err() && surrogate_in_top_level_key(data);
     if let Some(is_object) = tree_is_object(data).filter(|_| !surrogate_key) {
         assert_eq!(
             parsed.is_ok(),
