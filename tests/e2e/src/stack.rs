@@ -212,6 +212,12 @@ impl SimWorker {
     ) -> anyhow::Result<SimWorker> {
         let mut args = args.to_vec();
         args.extend(["--host".to_string(), host.to_string()]);
+        // SGLang's /health takes about a second (a one-token generate); the
+        // simulator does too by default. The suite's workers answer at once
+        // unless a test asks for the real delay.
+        if !args.iter().any(|a| a == "--health-delay-ms") {
+            args.extend(["--health-delay-ms".to_string(), "0".into()]);
+        }
         let (scheme, client) = match tls {
             Some(tls) => {
                 args.extend(tls.worker_args());

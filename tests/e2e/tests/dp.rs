@@ -66,7 +66,9 @@ async fn every_rank_of_every_worker_gets_distinct_prompts_and_is_told_its_rank()
             );
             for req in posts(w).await {
                 let body: Value = serde_json::from_str(req["body"].as_str().unwrap()).unwrap();
-                let rank = body["data_parallel_rank"].as_u64().expect("rank injected");
+                // The simulator speaks current SGLang: routed_dp_rank.
+                let rank = body["routed_dp_rank"].as_u64().expect("rank injected");
+                assert!(body.get("data_parallel_rank").is_none(), "{body}");
                 assert_eq!(req["dp_rank"].as_u64(), Some(rank), "ran where told");
             }
         }
@@ -105,14 +107,34 @@ async fn shared_prefix_traffic_sticks_to_one_rank() {
     assert_eq!(used[0].2, 12);
 }
 
-#[tokio::test]
-async fn dp_aware_pd_tells_prefill_and_decode_their_ranks() {
+/// The fields of one PD pair's ranks, in the profile the workers speak.
+struct PairRanks {
+    prefill: u64,
+    decode: u64,
+}
+
+/// A DP-aware PD fleet whose simulators speak `profile`:
+/// the router reads each worker's version and writes its fields; every
+/// half runs on the rank the router chose and the decode fetches its KV
+/// from the prefill's rank. Returns each pair's ranks as the bodies say.
+async fn dp_pd_run(profile: &str) -> Vec<PairRanks> {
+    // 2 prefill ranks, 3 decode ranks: round robin pairs every prefill rank
+    // with every decode rank, so a decode that ran on its prefill's rank
+    // number instead of its own would show.
+    let args = |dp: &str| {
+        vec![
+            "--dp-size".to_string(),
+            dp.into(),
+            "--wire-profile".into(),
+            profile.into(),
+        ]
+    };
     let mut o = StackOptions {
         policy: "round_robin".into(),
         cp_args: vec!["--dp-aware".into()],
         pd: Some(PdOptions {
-            prefill_args: vec!["--dp-size".into(), "2".into()],
-            decode_args: vec!["--dp-size".into(), "2".into()],
+            prefill_args: args("2"),
+            decode_args: args("3"),
             ..Default::default()
         }),
         ..Default::default()
@@ -123,24 +145,73 @@ async fn dp_aware_pd_tells_prefill_and_decode_their_ranks() {
         let r = stack
             .post("/v1/chat/completions", &chat(&format!("pd dp {i}")))
             .await;
-        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        assert_eq!(r.status(), 200, "{profile}: {}", r.text().await.unwrap());
     }
     let (p, d) = (&stack.prefills[0], &stack.decodes[0]);
     let prefill_reqs = posts(p).await;
     let decode_reqs = posts(d).await;
     assert_eq!((prefill_reqs.len(), decode_reqs.len()), (8, 8));
+    let mut pairs = Vec::new();
     for (pr, dr) in prefill_reqs.iter().zip(&decode_reqs) {
         let pb: Value = serde_json::from_str(pr["body"].as_str().unwrap()).unwrap();
         let db: Value = serde_json::from_str(dr["body"].as_str().unwrap()).unwrap();
-        let prank = pb["data_parallel_rank"].as_u64().expect("prefill rank");
-        assert_eq!(pr["dp_rank"].as_u64(), Some(prank));
-        assert!(pb.get("data_parallel_rank_decode").is_none());
-        let drank = db["data_parallel_rank_decode"]
-            .as_u64()
-            .expect("decode rank");
-        assert_eq!(dr["dp_rank"].as_u64(), Some(drank), "decode ran where told");
+        assert_eq!(pb["bootstrap_room"], db["bootstrap_room"]);
+        let ranks = match profile {
+            "seeds" => {
+                assert!(pb.get("data_parallel_rank_decode").is_none());
+                assert!(pb.get("routed_dp_rank").is_none() && db.get("routed_dp_rank").is_none());
+                assert_eq!(db["data_parallel_rank"], pb["data_parallel_rank"]);
+                PairRanks {
+                    prefill: pb["data_parallel_rank"].as_u64().expect("prefill rank"),
+                    decode: db["data_parallel_rank_decode"]
+                        .as_u64()
+                        .expect("decode rank"),
+                }
+            }
+            _ => {
+                assert!(
+                    pb.get("data_parallel_rank").is_none()
+                        && db.get("data_parallel_rank").is_none()
+                );
+                let prefill = pb["routed_dp_rank"].as_u64().expect("prefill rank");
+                assert_eq!(db["disagg_prefill_dp_rank"].as_u64(), Some(prefill), "{db}");
+                // The room agrees with the prefill's rank (SGLang's fallback).
+                assert_eq!(pb["bootstrap_room"].as_u64().unwrap() % 2, prefill);
+                PairRanks {
+                    prefill,
+                    decode: db["routed_dp_rank"].as_u64().expect("decode rank"),
+                }
+            }
+        };
+        assert_eq!(
+            pr["dp_rank"].as_u64(),
+            Some(ranks.prefill),
+            "prefill ran where told"
+        );
+        assert_eq!(
+            dr["dp_rank"].as_u64(),
+            Some(ranks.decode),
+            "decode ran where told"
+        );
+        pairs.push(ranks);
     }
     assert_eq!(by_rank(p).await, [4, 4], "round robin over prefill ranks");
-    assert!(by_rank(d).await.iter().all(|&n| n == 4));
+    assert_eq!(by_rank(d).await, [3, 3, 2], "round robin over decode ranks");
+    // Every decode found its KV (on the prefill rank the body named).
+    assert_eq!(p.stats().await["kv_fetched_by_rank"], json!([4, 4]));
     assert!(stack.wait_loads_zero(Duration::from_secs(5)).await);
+    pairs
+}
+
+#[tokio::test]
+async fn dp_aware_pd_tells_prefill_and_decode_their_ranks_in_each_wire_profile() {
+    for profile in ["upstream", "seeds"] {
+        let pairs = dp_pd_run(profile).await;
+        // Decode ranks are chosen independently of prefill ranks: some pair
+        // differs, so a decode running on the prefill's rank would show.
+        assert!(
+            pairs.iter().any(|p| p.prefill != p.decode),
+            "{profile}: every pair had equal ranks; the test proves nothing"
+        );
+    }
 }
