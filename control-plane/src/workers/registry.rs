@@ -9,8 +9,7 @@ use tracing::{info, warn};
 
 use crate::workers::{
     identity, CircuitConfig, CircuitState, Health, Role, ServerFacts, Worker, WorkerAddress,
-    WorkerId,
-    WorkerSpec,
+    WorkerId, WorkerSpec,
 };
 
 /// Why a registry change was refused.
