@@ -165,6 +165,10 @@ impl QualityParams {
             "1".into(),
             "--cache-tokens".into(),
             self.cache_tokens.to_string(),
+            // The cache hit ratio is read from the workers' own counters;
+            // the report also shows what clients see in their usage, which
+            // SGLang fills only with this flag.
+            "--enable-cache-report".into(),
             "--log-level".into(),
             "warn".into(),
         ]
