@@ -631,6 +631,19 @@ impl Stack {
         get_json(&self.url(path)).await.unwrap_or_default()
     }
 
+    /// Waits until `/workers` lists the worker at `url` as unhealthy;
+    /// false if it still is not after `timeout`.
+    pub async fn wait_marked_unhealthy(&self, url: &str, timeout: Duration) -> bool {
+        wait_until(timeout, || async {
+            self.get_json("/workers").await["workers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|w| w["url"] == url && w["healthy"] == false)
+        })
+        .await
+    }
+
     /// A URL on Envoy's client port.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)

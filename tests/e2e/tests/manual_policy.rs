@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use sglang_envoy_e2e::{wait_until, Stack, StackOptions};
+use sglang_envoy_e2e::{Stack, StackOptions};
 
 const BODY: &str = r#"{"model":"m","prompt":"hi","max_tokens":1}"#;
 
@@ -103,16 +103,9 @@ async fn a_dead_workers_keys_move_to_one_other_worker() {
     // The first requests find the worker dead: Envoy retries them on the
     // fallback endpoints, and the control plane takes the worker out.
     send(&stack, Some("chat-42")).await;
-    let s = &stack;
-    let dead = dead.as_str();
-    let noticed = wait_until(Duration::from_secs(10), || async move {
-        s.get_json("/workers").await["workers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|w| w["url"] == dead && w["healthy"] == false)
-    })
-    .await;
+    let noticed = stack
+        .wait_marked_unhealthy(&dead, Duration::from_secs(10))
+        .await;
     assert!(noticed, "the dead worker is still marked healthy");
 
     let before: Vec<u64> = futures::future::join_all(

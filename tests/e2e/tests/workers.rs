@@ -142,16 +142,9 @@ async fn a_killed_worker_fails_no_request_after_it_died() {
     for r in burst {
         assert_eq!(r.status(), 200);
     }
-    let stack = &stack;
-    let dead = dead.as_str();
-    let noticed = wait_until(Duration::from_secs(5), || async move {
-        stack.get_json("/workers").await["workers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|w| w["url"] == dead && w["healthy"] == false)
-    })
-    .await;
+    let noticed = stack
+        .wait_marked_unhealthy(&dead, Duration::from_secs(5))
+        .await;
     assert!(noticed, "the dead worker is still marked healthy");
     let served: u64 = stack.workers[0].served().await + stack.workers[2].served().await;
     assert_eq!(
