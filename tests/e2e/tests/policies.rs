@@ -68,9 +68,17 @@ async fn distinct_prompts_use_every_worker_under_every_policy() {
         }
         let counts = served(&stack).await;
         assert_eq!(counts.iter().sum::<u64>(), 30, "{policy}");
-        assert!(
-            counts.iter().all(|&c| c >= 3),
-            "{policy} left a worker (almost) idle: {counts:?}"
-        );
+        if policy == "round_robin" {
+            assert_eq!(counts, [10, 10, 10], "{policy}");
+        } else {
+            // The others choose at random among equals (every load is 0):
+            // every worker gets some, none nearly all. Uniform choices fail
+            // these bounds about once in 50,000 runs; the former "at least
+            // 3 each" failed about once in 500 ([10, 18, 2] was seen in CI).
+            assert!(
+                counts.iter().all(|&c| c >= 1) && counts.iter().all(|&c| c <= 22),
+                "{policy} left a worker idle or overloaded one: {counts:?}"
+            );
+        }
     }
 }
