@@ -55,7 +55,7 @@ pub enum SseMerge {
 /// Merges the prefill's input logprobs into the first `data:` event of
 /// `buffered` (everything received so far), leaving the rest as it is.
 pub fn merge_first_sse_event(buffered: &[u8], prefill: &str, end_of_stream: bool) -> SseMerge {
-    let Some(end) = find(buffered, b"\n\n") else {
+    let Some(end) = first_event_end(buffered) else {
         return if end_of_stream {
             SseMerge::Done(buffered.to_vec())
         } else {
@@ -80,6 +80,15 @@ pub fn merge_first_sse_event(buffered: &[u8], prefill: &str, end_of_stream: bool
         }
         None => SseMerge::Done(buffered.to_vec()),
     }
+}
+
+/// Where the first SSE event of `buffered` ends: the start of the blank line
+/// after it, whichever line ending the stream uses (`\n`, `\r\n`, `\r`).
+fn first_event_end(buffered: &[u8]) -> Option<usize> {
+    [&b"\n\n"[..], b"\r\n\r\n", b"\r\r"]
+        .into_iter()
+        .filter_map(|blank| find(buffered, blank))
+        .min()
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -127,6 +136,14 @@ mod tests {
         assert_eq!(
             text,
             "data: {\"meta_info\":{\"input_token_logprobs\":[[-1,1,null]]}}\n\ndata: {\"meta_info\":{\"input_token_logprobs\":[]}}\n\n"
+        );
+        let crlf = b"data: {\"meta_info\":{}}\r\n\r\ndata: {}\r\n\r\n";
+        let SseMerge::Done(out) = merge_first_sse_event(crlf, "[[-1,1,null]]", false) else {
+            panic!("a CRLF-framed first event is complete");
+        };
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "data: {\"meta_info\":{\"input_token_logprobs\":[[-1,1,null]]}}\r\n\r\ndata: {}\r\n\r\n"
         );
         assert_eq!(
             merge_first_sse_event(b"data: [DONE]\n\n", "[]", false),
