@@ -313,7 +313,7 @@ pub struct Args {
     /// gives the filter (`MAX_BODY_BYTES`). Sizes the gRPC messages the
     /// control plane accepts, which carry whole bodies in PD mode and
     /// through the ext_proc front door.
-    #[arg(long, default_value_t = 33_554_432)]
+    #[arg(long, default_value_t = sglang_envoy_lifecycle::names::DEFAULT_MAX_BODY_BYTES)]
     pub max_payload_size: usize,
 
     /// ext_proc front door: most bytes of request bodies Envoy may hold for

@@ -51,7 +51,7 @@ impl Eds {
 
 /// The cluster of prefill workers; every other cluster name gets the
 /// servers Envoy sends requests to.
-pub const PREFILL_CLUSTER: &str = "sglang_prefill_workers";
+pub use sglang_envoy_lifecycle::names::PREFILL_CLUSTER;
 
 /// The endpoint metadata namespace Envoy's `transport_socket_matches` read.
 pub const TRANSPORT_SOCKET_MATCH: &str = "envoy.transport_socket_match";

@@ -1,4 +1,5 @@
 use serde::Deserialize;
+use sglang_envoy_lifecycle::names;
 
 /// The filter's plugin configuration (the JSON `configuration` of Envoy's wasm
 /// filter). Every field has a default, so `{}` works.
@@ -45,14 +46,11 @@ impl Default for FilterConfig {
             // Decisions take microseconds; a control plane that has not
             // answered in this long is treated as down (local fallback).
             route_timeout_ms: 500,
-            // sglang-router's --max-payload-size default is 256 MiB; a wasm VM
-            // per Envoy thread holding that much is not sensible, 32 MiB is
-            // already far beyond any real prompt.
-            max_body_bytes: 32 * 1024 * 1024,
+            max_body_bytes: names::DEFAULT_MAX_BODY_BYTES,
             report_interval_ms: 20,
-            endpoint_header: "x-gateway-destination-endpoint".into(),
+            endpoint_header: names::ENDPOINT_HEADER.into(),
             prefill_timeout_ms: 1_800_000,
-            prefill_cluster: "sglang_prefill_workers".into(),
+            prefill_cluster: names::PREFILL_CLUSTER.into(),
             workers_refresh_ms: 1000,
             fallback_max_age_ms: 300_000,
             fallback_retries: 2,

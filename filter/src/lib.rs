@@ -21,6 +21,7 @@ pub mod budget;
 pub mod completions;
 pub mod config;
 pub mod fallback;
+pub mod host;
 pub mod http;
 pub mod reply;
 pub mod root;

@@ -6,6 +6,7 @@ use log::{error, warn};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
+use sglang_envoy_lifecycle::{random, LocalReply, TicketSource};
 use sglang_envoy_proto::{
     CompleteRequest, Completion, WorkersRequest, WorkersSnapshot, SERVICE_NAME,
 };
@@ -15,8 +16,9 @@ use crate::budget::Budget;
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
 use crate::fallback::Fallback;
+use crate::host;
 use crate::http::{Request, Shared};
-use crate::reply::send_error_for;
+use crate::reply::send_reply_for;
 
 /// Completions sent in one `Complete` call.
 const REPORT_BATCH: usize = 1024;
@@ -55,7 +57,7 @@ impl Root {
                 fallback: Fallback::default(),
                 body_waits: BodyWaits::default(),
             },
-            tickets: TicketSource::new(),
+            tickets: TicketSource::new(random::u64(host::nanos)),
             in_flight: None,
             workers_call: None,
             workers_asked_at: None,
@@ -165,12 +167,16 @@ impl Root {
             return;
         }
         for context in expired {
-            let message = format!(
-                "the request body stopped arriving (nothing for {} ms)",
-                self.shared.config.body_idle_timeout_ms
+            let reply = LocalReply::new(
+                408,
+                "timeout",
+                format!(
+                    "the request body stopped arriving (nothing for {} ms)",
+                    self.shared.config.body_idle_timeout_ms
+                ),
             );
             // Fails harmlessly when the request is already gone.
-            if let Err(e) = send_error_for(context, 408, "timeout", &message) {
+            if let Err(e) = send_reply_for(context, &reply) {
                 warn!("cannot time out request {context}: {e:?}");
             }
         }
@@ -202,43 +208,6 @@ impl Root {
         ) {
             Ok(token) => self.workers_call = Some(token),
             Err(status) => warn!("cannot ask for the worker list: {status:?}"),
-        }
-    }
-}
-
-/// Request tickets: a random 64-bit base per VM plus a counter, so tickets of
-/// all Envoy threads and all Envoy instances sharing a control plane differ.
-struct TicketSource {
-    base: u64,
-    counter: std::cell::Cell<u64>,
-}
-
-impl TicketSource {
-    fn new() -> Self {
-        let mut seed = [0u8; 8];
-        // Without randomness, fall back to the clock: still distinct per VM
-        // start in practice.
-        if getrandom::fill(&mut seed).is_err() {
-            let nanos = proxy_wasm::hostcalls::get_current_time()
-                .ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos() as u64);
-            seed = nanos.to_le_bytes();
-        }
-        TicketSource {
-            base: u64::from_le_bytes(seed),
-            counter: std::cell::Cell::new(0),
-        }
-    }
-
-    fn next(&self) -> u64 {
-        loop {
-            let n = self.counter.get().wrapping_add(1);
-            self.counter.set(n);
-            let ticket = self.base.wrapping_add(n);
-            if ticket != 0 {
-                return ticket;
-            }
         }
     }
 }

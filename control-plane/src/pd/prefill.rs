@@ -3,6 +3,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use sglang_envoy_body::{is_worker_failure, prefill_input_logprobs};
+use sglang_envoy_lifecycle::headers;
 use sglang_envoy_proto::PrefillOutcome;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -166,41 +167,12 @@ fn failure(status: u32, message: &str) -> PrefillOutcome {
     }
 }
 
-/// Headers that belong to one hop, or that the client cannot set for the
-/// worker, are not forwarded.
-fn forwardable(name: &str) -> bool {
-    !(name.starts_with(':')
-        || name.starts_with("x-envoy-")
-        || matches!(
-            name,
-            "host"
-                | "content-length"
-                | "transfer-encoding"
-                | "connection"
-                | "keep-alive"
-                | "te"
-                | "trailer"
-                | "upgrade"
-                | "proxy-authorization"
-                | "proxy-connection"
-                | "expect"
-                | "accept-encoding"
-        ))
-}
-
 async fn send(client: &reqwest::Client, timeout: Duration, job: &PrefillJob) -> PrefillOutcome {
     let url = format!("{}{}", job.worker.base_url, job.path);
     let mut request = client.post(&url).timeout(timeout);
-    let mut has_content_type = false;
-    for (name, value) in &job.headers {
-        let lower = name.to_ascii_lowercase();
-        if forwardable(&lower) {
-            has_content_type |= lower == "content-type";
-            request = request.header(name.as_str(), value.as_str());
-        }
-    }
-    if !has_content_type {
-        request = request.header("content-type", "application/json");
+    let client_headers = job.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+    for (name, value) in headers::for_prefill(client_headers) {
+        request = request.header(name, value);
     }
     debug!(%url, "sending prefill");
     let response = match request.body(job.body.clone()).send().await {
@@ -293,15 +265,5 @@ mod tests {
             .pointer("/meta_info/input_token_logprobs")
             .is_some());
         assert!(json_events(b"not json").is_empty());
-    }
-
-    #[test]
-    fn hop_headers_are_not_forwarded() {
-        assert!(forwardable("authorization"));
-        assert!(forwardable("traceparent"));
-        assert!(forwardable("x-request-id"));
-        assert!(!forwardable(":path"));
-        assert!(!forwardable("content-length"));
-        assert!(!forwardable("x-envoy-expected-rq-timeout-ms"));
     }
 }

@@ -7,11 +7,18 @@ use std::time::Duration;
 use log::warn;
 use proxy_wasm::traits::{Context, HttpContext};
 use sglang_envoy_body::pd::{as_pairs, pd_fields, wants_input_logprobs, Bootstrap, Unit};
-use sglang_envoy_body::{prefill_input_logprobs, RequestBody, Route};
+use sglang_envoy_body::{prefill_input_logprobs, RequestBody};
+use sglang_envoy_lifecycle::{headers, random, Source};
 use sglang_envoy_proto::{PrefillEndpoint, PrefillOutcome};
 
-use super::{Prefill, Request};
+use super::calls::Call;
+use super::Request;
 use crate::fallback::Profiles;
+use crate::host;
+
+/// Stands for the router's address in request ids the filter makes (it
+/// does not know the control plane's).
+const RID_SUFFIX: &str = "envoy";
 
 impl Request {
     /// The control plane did not answer: sends the request to a recently
@@ -19,26 +26,33 @@ impl Request {
     /// control plane may have counted the request before it went silent).
     /// Returns false when there is nothing to fall back on.
     pub(super) fn route_locally(&mut self) -> bool {
+        let config = &self.shared.config;
         let now = self.get_current_time();
-        let max_age = Duration::from_millis(self.config.fallback_max_age_ms);
+        let max_age = Duration::from_millis(config.fallback_max_age_ms);
         let Some(choice) = self
+            .shared
             .fallback
-            .choose(now, max_age, self.config.fallback_retries)
+            .choose(now, max_age, config.fallback_retries)
         else {
             return false;
         };
+        let mut prefill_merge = None;
         if let Some(prefill) = &choice.prefill {
-            if let Err(e) = self.send_prefill_locally(prefill, choice.profiles) {
-                warn!("local PD fallback impossible: {e}");
-                return false;
+            match self.send_prefill_locally(prefill, choice.profiles) {
+                Ok(merge) => prefill_merge = merge,
+                Err(e) => {
+                    warn!("local PD fallback impossible: {e}");
+                    return false;
+                }
             }
         }
         let endpoints = choice.endpoints.join(",");
         warn!(
             "control plane unavailable; {} -> {endpoints} (local fallback)",
-            self.path
+            self.lc.path()
         );
-        self.set_http_request_header(&self.config.endpoint_header, Some(&endpoints));
+        self.set_http_request_header(&self.shared.config.endpoint_header, Some(&endpoints));
+        self.lc.forwarded_locally(prefill_merge);
         true
     }
 
@@ -46,18 +60,18 @@ impl Request {
     /// both halves itself (each in its worker's wire profile, with no DP
     /// rank: the workers pick theirs from the room), sends the prefill half
     /// to `prefill` through Envoy's prefill cluster, and leaves the decode
-    /// half in the request.
-    pub(super) fn send_prefill_locally(
+    /// half in the request. `Some(merge logprobs)` once the prefill is sent;
+    /// `None` for requests without a body (nothing to prefill).
+    fn send_prefill_locally(
         &mut self,
         prefill: &PrefillEndpoint,
         profiles: Profiles,
-    ) -> Result<(), String> {
-        let Some(route) = self.route else {
-            return Ok(()); // info GETs need no prefill
+    ) -> Result<Option<bool>, String> {
+        let Some(route) = self.lc.route() else {
+            return Ok(None); // info GETs need no prefill
         };
-        let body = self
-            .get_http_request_body(0, self.body_bytes)
-            .unwrap_or_default();
+        let source = self.source();
+        let body = source.body();
         let parsed = RequestBody::parse(&body).map_err(|e| e.to_string())?;
         let bootstrap = Bootstrap {
             host: &prefill.host,
@@ -73,125 +87,77 @@ impl Request {
                 ..Unit::default()
             },
         };
-        let fields = pd_fields(route, &parsed, &bootstrap, || local_rid(route), random_u64);
+        let fields = pd_fields(
+            route,
+            &parsed,
+            &bootstrap,
+            || random::rid(route, RID_SUFFIX, host::nanos),
+            || random::u64(host::nanos),
+        );
         let prefill_body = parsed
             .with_fields(&as_pairs(&fields.prefill))
             .map_err(|e| e.to_string())?;
         let decode_body = parsed
             .with_fields(&as_pairs(&fields.decode))
             .map_err(|e| e.to_string())?;
-        let client_headers = self.get_http_request_headers();
-        let mut headers: Vec<(&str, &str)> = vec![
-            (":method", "POST"),
-            (":path", &self.path),
-            (":authority", &prefill.endpoint),
-            ("content-type", "application/json"),
-            (&self.config.endpoint_header, &prefill.endpoint),
-        ];
-        headers.extend(
-            client_headers
+        let merge = wants_input_logprobs(route, &parsed);
+        let client = self.get_http_request_headers();
+        let forwarded = headers::for_prefill(
+            client
                 .iter()
-                .filter(|(name, _)| forwardable(name, &self.config.endpoint_header))
+                .filter(|(name, _)| *name != self.shared.config.endpoint_header)
                 .map(|(n, v)| (n.as_str(), v.as_str())),
         );
+        let path = self.lc.path().to_string();
+        let mut call_headers: Vec<(&str, &str)> = vec![
+            (":method", "POST"),
+            (":path", &path),
+            (":authority", &prefill.endpoint),
+            (&self.shared.config.endpoint_header, &prefill.endpoint),
+        ];
+        call_headers.extend(forwarded.iter().map(|(n, v)| (n.as_str(), v.as_str())));
         let token = self
             .dispatch_http_call(
-                &self.config.prefill_cluster,
-                headers,
+                &self.shared.config.prefill_cluster,
+                call_headers,
                 Some(&prefill_body),
                 vec![],
-                Duration::from_millis(self.config.prefill_timeout_ms),
+                Duration::from_millis(self.shared.config.prefill_timeout_ms),
             )
             .map_err(|s| format!("cannot send the prefill: {s:?}"))?;
-        self.prefill_http = Some(token);
-        self.prefill = Prefill::Pending;
-        self.merge_logprobs = wants_input_logprobs(route, &parsed);
+        self.calls.push((token, Call::LocalPrefill));
         self.set_http_request_body(0, body.len(), &decode_body);
         self.set_http_request_header("content-length", Some(&decode_body.len().to_string()));
-        Ok(())
+        Ok(Some(merge))
     }
 
-    /// The prefill half the filter sent itself (outage fallback) answered.
-    pub(super) fn local_prefill_answered(&mut self, body_size: usize) {
+    /// The outcome of the prefill half the filter sent itself, from its
+    /// answer (`body_size` bytes).
+    pub(super) fn local_prefill_outcome(&self, body_size: usize) -> PrefillOutcome {
         let status = self
             .get_http_call_response_header(":status")
             .and_then(|s| s.parse::<u32>().ok())
             .unwrap_or(0);
-        let outcome = if (200..300).contains(&status) {
-            let logprobs = if self.merge_logprobs {
-                self.get_http_call_response_body(0, body_size)
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .and_then(|v| prefill_input_logprobs(&v))
-                    .unwrap_or_default()
-            } else {
-                String::new()
-            };
-            PrefillOutcome {
-                ok: true,
-                http_status: status,
-                input_token_logprobs: logprobs,
-                ..Default::default()
-            }
-        } else {
-            PrefillOutcome {
+        if !(200..300).contains(&status) {
+            return PrefillOutcome {
                 http_status: if status == 0 { 502 } else { status },
                 message: format!("prefill worker failed (status {status}) while the control plane was unavailable"),
                 error_type: "prefill_failed".into(),
                 ..Default::default()
-            }
-        };
-        self.prefill_ended(outcome);
-    }
-}
-
-/// Client headers worth passing to the prefill worker (not hop-by-hop,
-/// pseudo, length or routing headers).
-fn forwardable(name: &str, endpoint_header: &str) -> bool {
-    !(name.starts_with(':')
-        || name.starts_with("x-envoy-")
-        || name == endpoint_header
-        || matches!(
-            name,
-            "host"
-                | "content-length"
-                | "content-type"
-                | "transfer-encoding"
-                | "connection"
-                | "keep-alive"
-                | "te"
-                | "upgrade"
-                | "expect"
-        ))
-}
-
-/// A request id in sglang-router's format, with `envoy` where the router's
-/// address would be (the filter does not know it).
-fn local_rid(route: Route) -> String {
-    const ALPHANUMERIC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut bytes = [0u8; 24];
-    fill_random(&mut bytes);
-    let random: String = bytes
-        .iter()
-        .map(|b| ALPHANUMERIC[usize::from(*b) % ALPHANUMERIC.len()] as char)
-        .collect();
-    format!("{}{random}-envoy", route.rid_prefix())
-}
-
-fn random_u64() -> u64 {
-    let mut bytes = [0u8; 8];
-    fill_random(&mut bytes);
-    u64::from_le_bytes(bytes)
-}
-
-fn fill_random(bytes: &mut [u8]) {
-    if getrandom::fill(bytes).is_err() {
-        // No entropy source: the clock still makes collisions unlikely.
-        let nanos = proxy_wasm::hostcalls::get_current_time()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos() as u64);
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = (nanos.rotate_left(i as u32 * 7) >> (i % 8)) as u8;
+            };
+        }
+        // Read only when the answer may need them (the lifecycle ignores
+        // them otherwise).
+        let logprobs = self
+            .get_http_call_response_body(0, body_size)
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| prefill_input_logprobs(&v))
+            .unwrap_or_default();
+        PrefillOutcome {
+            ok: true,
+            http_status: status,
+            input_token_logprobs: logprobs,
+            ..Default::default()
         }
     }
 }

@@ -1,0 +1,34 @@
+//! The life of one request through the router, without I/O.
+//!
+//! Both front doors — the proxy-wasm filter inside Envoy and the ext_proc
+//! service in the control plane — see the same things happen to a request:
+//! its head, its body, the routing decision, in PD mode the prefill half's
+//! outcome, the answer's head and body chunks, its end. They differ only in
+//! how they hear of them (host callbacks or ext_proc messages) and how they
+//! act (host calls or ext_proc replies). This crate holds everything in
+//! between: a [`Lifecycle`] per request takes events and returns what to
+//! do, as plain values. The front doors translate, nothing more; a change to
+//! how a request behaves is made here, once, and unit-tested natively.
+//!
+//! Also here, so that each exists once: the names both front doors and the
+//! Envoy configs share ([`names`]), request tickets ([`TicketSource`]),
+//! randomness and request ids ([`random`]), and which client headers go on
+//! to a prefill worker ([`headers`]).
+
+mod answer;
+mod completion;
+pub mod headers;
+pub mod lifecycle;
+pub mod names;
+pub mod random;
+mod reply;
+mod tickets;
+
+pub use answer::{BodyStep, PrefillStep, Release, ResponseHead, ResponseStep, Watch};
+pub use completion::EndFacts;
+pub use lifecycle::{Forward, HeadStep, Lifecycle, Mode, RequestHead, Settings, Source, Step};
+pub use reply::LocalReply;
+pub use tickets::TicketSource;
+
+#[cfg(test)]
+mod tests;

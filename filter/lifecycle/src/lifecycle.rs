@@ -1,0 +1,483 @@
+//! A request from its head to the decision: validation, the routing
+//! question, the control plane's answer (a decision, a rejection, a queue
+//! slot, a request for the body) and the edits that send it on.
+
+use std::borrow::Cow;
+
+use sglang_envoy_body::{too_large, Endpoint, Head, Refusal, RequestBody, Route};
+use sglang_envoy_proto::{
+    route_response, AdmissionOutcome, Decision, Header, RouteRequest, RouteResponse,
+};
+
+use crate::answer::Answer;
+use crate::reply::LocalReply;
+
+/// What a front door can and cannot do, where the two differ.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Largest request body accepted; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// The front door is shown the answer's body while it holds the
+    /// answer's head (the wasm filter: Envoy keeps calling it; ext_proc:
+    /// Envoy sends nothing until the head is answered). Decides whether a
+    /// merge may wait, head held, for the body's first event.
+    pub body_while_head_held: bool,
+}
+
+/// Regular routing, or prefill/decode disaggregation for this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One worker serves the request.
+    Regular,
+    /// A prefill worker runs the prompt, the decode worker Envoy sends the
+    /// request to generates the answer.
+    Pd,
+}
+
+impl Mode {
+    /// The mode's name (`regular`, `pd`) in logs, messages and the admin API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Regular => "regular",
+            Mode::Pd => "pd",
+        }
+    }
+}
+
+/// Where a request stands. One state at a time: each event either moves
+/// it on or is ignored as coming too late.
+#[derive(Debug)]
+pub(crate) enum State {
+    /// Nothing seen yet.
+    Start,
+    /// An inference request's body is arriving.
+    ReadingBody,
+    /// A routing question is out; `with_body` when it carried the body.
+    Asking { with_body: bool },
+    /// Admission control queued the request.
+    Queued,
+    /// The request went on to its worker(s); what its answer still needs.
+    Upstream(Answer),
+    /// The router answered the client itself.
+    Replied,
+}
+
+/// What the lifecycle needs of the request head.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHead<'a> {
+    /// `:method`
+    pub method: &'a str,
+    /// `:path`, query included.
+    pub path: &'a str,
+    /// No body follows.
+    pub end_of_stream: bool,
+    /// `content-length`, when present and a number.
+    pub content_length: Option<usize>,
+    /// `x-request-id`, empty when absent.
+    pub request_id: &'a str,
+    /// sglang-router's sticky-session key (`X-SMG-Routing-Key`), empty
+    /// when absent.
+    pub routing_key: &'a str,
+}
+
+/// Where the lifecycle reads the request from when it needs it again. The
+/// filter reads Envoy's buffer (and keeps no copy), ext_proc its own.
+pub trait Source {
+    /// The whole request body.
+    fn body(&self) -> Cow<'_, [u8]>;
+    /// The client's headers, without pseudo-headers.
+    fn headers(&self) -> Vec<Header>;
+}
+
+/// What to do after the request head.
+#[derive(Debug, PartialEq)]
+pub enum HeadStep {
+    /// Answer the client with this error.
+    Reply(LocalReply),
+    /// An inference request: wait for its whole body.
+    ReadBody,
+    /// A request routed on its head alone (an info `GET`): ask this.
+    Ask(Box<RouteRequest>),
+}
+
+/// What to do after the body, an answer of the control plane, or the end
+/// of an admission wait.
+#[derive(Debug, PartialEq)]
+pub enum Step {
+    /// Send this routing question to the control plane.
+    Ask(Box<RouteRequest>),
+    /// Admission control queued the request: wait for its slot (up to
+    /// `wait_ms`, as the control plane says), still paused.
+    AwaitAdmission {
+        /// How long the control plane may keep it queued.
+        wait_ms: u64,
+    },
+    /// Send the request on, edited.
+    Forward(Forward),
+    /// Answer the client with this error.
+    Reply(LocalReply),
+    /// The control plane gave no answer: route without it if possible
+    /// ([`Lifecycle::forwarded_locally`]), else [`LocalReply::unreachable`].
+    Fallback,
+}
+
+/// The edits that send a request to the workers the decision chose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward {
+    /// For [`crate::names::ENDPOINT_HEADER`]: the chosen `ip:port` first,
+    /// then the ones to retry on.
+    pub endpoints: String,
+    /// Further request headers to set (retry count, per-try timeout).
+    pub headers: Vec<(String, String)>,
+    /// The body with the decision's fields spliced in, when it has any
+    /// (set `content-length` to its length).
+    pub body: Option<Vec<u8>>,
+    /// PD: follow the prefill half the control plane sent (its outcome
+    /// arrives through [`Lifecycle::on_prefill`]).
+    pub await_prefill: bool,
+    /// The chosen worker, for logs.
+    pub worker: String,
+}
+
+/// One request through the router. See the crate documentation.
+#[derive(Debug)]
+pub struct Lifecycle {
+    pub(crate) state: State,
+    pub(crate) settings: Settings,
+    pub(crate) mode: Mode,
+    ticket: u64,
+    /// A question was sent: the control plane may count load under the
+    /// ticket from then on, so the end must be reported.
+    pub(crate) asked: bool,
+    route: Option<Route>,
+    path: String,
+    method: String,
+    request_id: String,
+    routing_key: String,
+    body_bytes: usize,
+    /// Status sent to the client, 0 until known.
+    pub(crate) status: u32,
+    /// The answer reached its end (as opposed to a hang-up or a reset).
+    pub(crate) response_done: bool,
+}
+
+impl Lifecycle {
+    /// A request known to the control plane as `ticket`.
+    pub fn new(ticket: u64, settings: Settings) -> Self {
+        Lifecycle {
+            state: State::Start,
+            settings,
+            mode: Mode::Regular,
+            ticket,
+            asked: false,
+            route: None,
+            path: String::new(),
+            method: String::new(),
+            request_id: String::new(),
+            routing_key: String::new(),
+            body_bytes: 0,
+            status: 0,
+            response_done: false,
+        }
+    }
+
+    /// The request's ticket.
+    pub fn ticket(&self) -> u64 {
+        self.ticket
+    }
+
+    /// What the front door said it can do.
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
+    /// `:path` of the request.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The inference route, for requests routed on their body.
+    pub fn route(&self) -> Option<Route> {
+        self.route
+    }
+
+    /// Bytes of the body the decision was about.
+    pub fn body_bytes(&self) -> usize {
+        self.body_bytes
+    }
+
+    /// Regular or PD, as decided.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// A question was sent, so the end must be reported.
+    pub fn asked(&self) -> bool {
+        self.asked
+    }
+
+    /// The request went on towards a worker.
+    pub fn forwarded(&self) -> bool {
+        matches!(self.state, State::Upstream(_))
+    }
+
+    /// The router answered the client itself.
+    pub fn replied(&self) -> bool {
+        matches!(self.state, State::Replied)
+    }
+
+    /// The request's body is still expected.
+    pub fn reading_body(&self) -> bool {
+        matches!(self.state, State::ReadingBody)
+    }
+
+    /// The request head arrived.
+    pub fn on_request_head(&mut self, head: RequestHead<'_>) -> HeadStep {
+        self.path = head.path.to_string();
+        self.method = head.method.to_string();
+        self.request_id = head.request_id.to_string();
+        self.routing_key = head.routing_key.to_string();
+        let check = Head {
+            method: head.method,
+            path: head.path,
+            end_of_stream: head.end_of_stream,
+            content_length: head.content_length,
+            max_body_bytes: self.settings.max_body_bytes,
+        };
+        match check.check() {
+            Err(refusal) => HeadStep::Reply(self.refuse(refusal.into())),
+            Ok(Endpoint::Inference(route)) => {
+                self.route = Some(route);
+                self.state = State::ReadingBody;
+                HeadStep::ReadBody
+            }
+            Ok(Endpoint::Info) => {
+                self.asked = true;
+                self.state = State::Asking { with_body: false };
+                HeadStep::Ask(Box::new(self.bare_question()))
+            }
+        }
+    }
+
+    /// `size` bytes of the body have arrived so far; an error when that is
+    /// already too much.
+    pub fn on_body_progress(&mut self, size: usize) -> Option<LocalReply> {
+        (size > self.settings.max_body_bytes)
+            .then(|| self.refuse(too_large(self.settings.max_body_bytes).into()))
+    }
+
+    /// The whole body (`source`) has arrived: the question about it, with
+    /// the body and headers attached when `attach` (the control plane
+    /// wants them).
+    pub fn on_body<S: Source>(&mut self, source: &S, attach: bool) -> Step {
+        if !self.reading_body() {
+            return Step::Reply(self.refuse(LocalReply::new(
+                500,
+                "internal_error",
+                "request body out of turn",
+            )));
+        }
+        let body = source.body();
+        if let Some(reply) = self.on_body_progress(body.len()) {
+            return Step::Reply(reply);
+        }
+        self.body_bytes = body.len();
+        drop(body);
+        self.ask(source, attach)
+    }
+
+    /// Trailers arrived: an inference request's body would end with them,
+    /// unseen by the body callbacks, so it is refused rather than let
+    /// through unrouted. Other requests pass.
+    pub fn on_request_trailers(&mut self) -> Option<LocalReply> {
+        self.reading_body().then(|| {
+            self.refuse(LocalReply::from(Refusal {
+                status: 400,
+                kind: "invalid_request_error",
+                message: "request trailers are not supported".into(),
+            }))
+        })
+    }
+
+    /// The control plane answered the question.
+    pub fn on_answer<S: Source>(&mut self, answer: RouteResponse, source: &S) -> Step {
+        let State::Asking { with_body } = self.state else {
+            return Step::Reply(LocalReply::new(
+                500,
+                "internal_error",
+                "an answer to no question",
+            ));
+        };
+        match answer.outcome {
+            Some(route_response::Outcome::Decision(d)) => self.apply(d, source),
+            Some(route_response::Outcome::Rejection(r)) => Step::Reply(self.refuse(
+                LocalReply::new(status_of(r.http_status), &r.error_type, r.message),
+            )),
+            Some(route_response::Outcome::Queued(q)) => {
+                self.state = State::Queued;
+                Step::AwaitAdmission { wait_ms: q.wait_ms }
+            }
+            Some(route_response::Outcome::NeedBody(_)) => {
+                if with_body || self.body_bytes == 0 {
+                    Step::Reply(self.refuse(LocalReply::new(
+                        502,
+                        "bad_gateway",
+                        "the router's control plane keeps asking for the body",
+                    )))
+                } else {
+                    self.ask(source, true)
+                }
+            }
+            None => Step::Reply(self.refuse(LocalReply::unreadable())),
+        }
+    }
+
+    /// The control plane gave no answer (unreachable, failed, timed out).
+    pub fn on_no_answer(&mut self) -> Step {
+        match self.state {
+            State::Asking { .. } | State::Queued => Step::Fallback,
+            _ => Step::Reply(self.refuse(LocalReply::unreachable())),
+        }
+    }
+
+    /// The wait for admission ended: an admitted request asks again.
+    pub fn on_admission<S: Source>(
+        &mut self,
+        outcome: AdmissionOutcome,
+        source: &S,
+        attach: bool,
+    ) -> Step {
+        if !matches!(self.state, State::Queued) {
+            return Step::Reply(self.refuse(LocalReply::new(
+                500,
+                "internal_error",
+                "admitted while not queued",
+            )));
+        }
+        match outcome {
+            AdmissionOutcome { admitted: true, .. } => self.ask(source, attach),
+            AdmissionOutcome {
+                rejection: Some(r), ..
+            } => Step::Reply(self.refuse(LocalReply::new(
+                status_of(r.http_status),
+                &r.error_type,
+                r.message,
+            ))),
+            _ => Step::Reply(self.refuse(LocalReply::unreadable())),
+        }
+    }
+
+    /// The front door sent the request on without the control plane (its
+    /// outage fallback); `prefill_merge` is `Some(merge logprobs)` when it
+    /// sent a PD prefill half itself.
+    pub fn forwarded_locally(&mut self, prefill_merge: Option<bool>) {
+        self.state = State::Upstream(match prefill_merge {
+            Some(merge) => {
+                self.mode = Mode::Pd;
+                Answer::PrefillRunning { merge }
+            }
+            None => Answer::Pass,
+        });
+    }
+
+    /// The router answers the client with `reply`, whatever the request's
+    /// state: noted, and handed back to send.
+    pub fn refuse(&mut self, reply: LocalReply) -> LocalReply {
+        self.state = State::Replied;
+        self.status = u32::from(reply.status);
+        self.response_done = true;
+        reply
+    }
+
+    /// The question without the body's parts (info requests, and the start
+    /// of every question).
+    fn bare_question(&self) -> RouteRequest {
+        RouteRequest {
+            path: self.path.clone(),
+            method: self.method.clone(),
+            request_id: self.request_id.clone(),
+            routing_key: self.routing_key.clone(),
+            body_bytes: self.body_bytes as u64,
+            ticket: self.ticket,
+            ..Default::default()
+        }
+    }
+
+    /// Builds the question about the body and marks it sent.
+    fn ask<S: Source>(&mut self, source: &S, attach: bool) -> Step {
+        let mut question = self.bare_question();
+        if let Some(route) = self.route {
+            let body = source.body();
+            let parsed = match RequestBody::parse(&body) {
+                Ok(parsed) => parsed,
+                Err(e) => {
+                    let reply = LocalReply::new(400, "invalid_request_error", e.to_string());
+                    return Step::Reply(self.refuse(reply));
+                }
+            };
+            question.routing_text = parsed.routing_text(route).into_bytes();
+            question.stream = parsed.is_stream();
+            drop(parsed);
+            if attach {
+                question.headers = source.headers();
+                question.body = body.into_owned();
+            }
+        }
+        self.asked = true;
+        self.state = State::Asking {
+            with_body: attach && self.route.is_some(),
+        };
+        Step::Ask(Box::new(question))
+    }
+
+    /// Applies a decision: the edits that send the request on.
+    fn apply<S: Source>(&mut self, decision: Decision, source: &S) -> Step {
+        if decision.endpoints.is_empty() {
+            return Step::Reply(self.refuse(LocalReply::new(
+                503,
+                "service_unavailable",
+                "no worker was chosen",
+            )));
+        }
+        let mut body = None;
+        if !decision.inject.is_empty() {
+            let original = source.body();
+            let edited = RequestBody::parse(&original)
+                .and_then(|parsed| parsed.with_fields(&decision.inject_pairs()));
+            match edited {
+                Ok(b) => body = Some(b),
+                Err(e) => {
+                    let reply = LocalReply::new(500, "internal_error", e.to_string());
+                    return Step::Reply(self.refuse(reply));
+                }
+            }
+        }
+        self.state = State::Upstream(if decision.await_prefill {
+            self.mode = Mode::Pd;
+            Answer::PrefillRunning {
+                merge: decision.merge_input_logprobs,
+            }
+        } else {
+            Answer::Pass
+        });
+        Step::Forward(Forward {
+            endpoints: decision.endpoints.join(","),
+            headers: decision
+                .request_headers
+                .into_iter()
+                .map(|h| (h.name, h.value))
+                .collect(),
+            body,
+            await_prefill: decision.await_prefill,
+            worker: decision.worker_url,
+        })
+    }
+}
+
+/// An HTTP status from the control plane; 503 when it is not one.
+fn status_of(code: u32) -> u16 {
+    u16::try_from(code)
+        .ok()
+        .filter(|s| (100..=599).contains(s))
+        .unwrap_or(503)
+}

@@ -1,0 +1,213 @@
+//! The filter's calls to the control plane for one request, and what their
+//! answers become: events of the lifecycle.
+
+use std::time::Duration;
+
+use log::warn;
+use prost::Message;
+use proxy_wasm::traits::{Context, HttpContext};
+use sglang_envoy_lifecycle::{LocalReply, Step};
+use sglang_envoy_proto::{
+    route_response, AdmissionOutcome, AdmissionWait, CompleteRequest, Completion, PrefillOutcome,
+    PrefillWait, RouteRequest, RouteResponse, SERVICE_NAME,
+};
+
+use super::steps::Flow;
+use super::Request;
+
+/// The longest a failed answer waits for its report to be taken.
+const REPORT_WAIT: Duration = Duration::from_millis(250);
+
+/// A call in flight, by what its answer is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Call {
+    /// `Route`: the routing question.
+    Route,
+    /// `AwaitAdmission`: a queued request's slot.
+    Admission,
+    /// `AwaitPrefill`: the outcome of the prefill half the control plane sent.
+    Prefill,
+    /// `AwaitPrefill` again, bounded by the decode-error grace.
+    Grace,
+    /// `Complete` of a failed answer, which waits for it.
+    Outcome,
+    /// The prefill half the filter sent itself (outage fallback).
+    LocalPrefill,
+}
+
+impl Request {
+    /// Forgets and returns the call `token` answered, if it is ours.
+    pub(super) fn take_call(&mut self, token: u32) -> Option<Call> {
+        let at = self.calls.iter().position(|(t, _)| *t == token)?;
+        Some(self.calls.swap_remove(at).1)
+    }
+
+    /// Calls `method` of the control plane with `message`; false when it
+    /// cannot be sent.
+    fn call(&mut self, method: &str, message: &[u8], timeout: Duration, call: Call) -> bool {
+        let sent = self.dispatch_grpc_call(
+            &self.shared.config.control_plane_cluster,
+            SERVICE_NAME,
+            method,
+            vec![],
+            Some(message),
+            timeout,
+        );
+        match sent {
+            Ok(token) => {
+                self.calls.push((token, call));
+                true
+            }
+            Err(status) => {
+                warn!("cannot call {method} on the control plane: {status:?}");
+                false
+            }
+        }
+    }
+
+    /// Sends the routing question; its answer arrives in [`Self::answered`].
+    pub(super) fn ask(&mut self, question: RouteRequest) -> Flow {
+        let encoded = question.encode_to_vec();
+        // The question may be as large as the body: gone before we wait.
+        drop(question);
+        if self.call("Route", &encoded, self.route_timeout(), Call::Route) {
+            return Flow::Wait;
+        }
+        let step = self.lc.on_no_answer();
+        self.run(step)
+    }
+
+    /// Admission control queued the request: wait (still paused) until it
+    /// holds a slot, a little longer than the control plane will.
+    pub(super) fn await_admission(&mut self, wait_ms: u64) -> Flow {
+        let wait = AdmissionWait {
+            ticket: self.lc.ticket(),
+        }
+        .encode_to_vec();
+        let timeout = Duration::from_millis(wait_ms.saturating_add(2_000));
+        if self.call("AwaitAdmission", &wait, timeout, Call::Admission) {
+            return Flow::Wait;
+        }
+        let step = self.lc.on_no_answer();
+        self.run(step)
+    }
+
+    /// Follows the prefill half the control plane sent. False, with the
+    /// client answered, when that cannot be asked.
+    pub(super) fn await_prefill(&mut self) -> bool {
+        let timeout = Duration::from_millis(self.shared.config.prefill_timeout_ms);
+        if self.call("AwaitPrefill", &self.prefill_wait(), timeout, Call::Prefill) {
+            return true;
+        }
+        self.reply(LocalReply::unreachable());
+        false
+    }
+
+    /// Asks for the prefill's outcome once more, giving up after `grace`
+    /// (a decode error waits no longer for it). False when it cannot be asked.
+    pub(super) fn await_prefill_for(&mut self, grace: Duration) -> bool {
+        self.call("AwaitPrefill", &self.prefill_wait(), grace, Call::Grace)
+    }
+
+    fn prefill_wait(&self) -> Vec<u8> {
+        PrefillWait {
+            ticket: self.lc.ticket(),
+        }
+        .encode_to_vec()
+    }
+
+    /// Reports an answer that starts with a worker's failure before the
+    /// client sees it, so the circuit breakers have counted it before the
+    /// client's next request. True when the answer must wait for that.
+    pub(super) fn report_failure(&mut self, failure: Completion) -> bool {
+        let report = CompleteRequest {
+            completions: vec![failure],
+        }
+        .encode_to_vec();
+        self.call("Complete", &report, REPORT_WAIT, Call::Outcome)
+    }
+
+    /// A call answered: `grpc_status` of a gRPC call (`None` for the HTTP
+    /// call of the outage prefill), its answer `size` bytes long.
+    pub(super) fn answered(&mut self, call: Call, grpc_status: Option<u32>, size: usize) {
+        match call {
+            Call::LocalPrefill => {
+                let outcome = self.local_prefill_outcome(size);
+                let step = self.lc.on_prefill(outcome);
+                self.prefill_step(step);
+            }
+            // Counted (or not: the answer goes on either way).
+            Call::Outcome => self.resume_http_response(),
+            Call::Prefill | Call::Grace => {
+                let step = match self.answer::<PrefillOutcome>(grpc_status, size) {
+                    Some(Ok(outcome)) => self.lc.on_prefill(outcome),
+                    Some(Err(reply)) => self.lc.on_prefill(PrefillOutcome {
+                        http_status: u32::from(reply.status),
+                        error_type: reply.kind,
+                        message: reply.message,
+                        ..Default::default()
+                    }),
+                    // Lost, or the grace ran out: whether the prefill
+                    // finished is unknown.
+                    None => self.lc.on_prefill_unknown(),
+                };
+                self.prefill_step(step);
+            }
+            Call::Route => {
+                let step = match self.answer::<RouteResponse>(grpc_status, size) {
+                    Some(Ok(answer)) => {
+                        if let Some(route_response::Outcome::NeedBody(_)) = answer.outcome {
+                            // From now on every question of this VM carries it.
+                            self.shared.send_body.set(true);
+                        }
+                        self.lc.on_answer(answer, &self.source())
+                    }
+                    Some(Err(reply)) => Step::Reply(reply),
+                    None => self.lc.on_no_answer(),
+                };
+                self.run_resuming(step);
+            }
+            Call::Admission => {
+                let step = match self.answer::<AdmissionOutcome>(grpc_status, size) {
+                    Some(Ok(outcome)) => {
+                        let attach = self.shared.send_body.get();
+                        self.lc.on_admission(outcome, &self.source(), attach)
+                    }
+                    Some(Err(reply)) => Step::Reply(reply),
+                    None => self.lc.on_no_answer(),
+                };
+                self.run_resuming(step);
+            }
+        }
+    }
+
+    /// The control plane's answer: `None` when there is none (the call
+    /// failed or timed out), an error when it cannot be read.
+    fn answer<M: Message + Default>(
+        &self,
+        grpc_status: Option<u32>,
+        size: usize,
+    ) -> Option<Result<M, LocalReply>> {
+        if grpc_status != Some(0) {
+            warn!(
+                "control plane call for {} ended with grpc status {grpc_status:?}",
+                self.lc.path()
+            );
+            return None;
+        }
+        let bytes = self
+            .get_grpc_call_response_body(0, size)
+            .unwrap_or_default();
+        Some(M::decode(bytes.as_slice()).map_err(|_| LocalReply::unreadable()))
+    }
+
+    /// How long the control plane may take to answer: `route_timeout_ms`,
+    /// once more for every 4 MiB of body the question is about (a large
+    /// question takes a while to cross and to read; a slow answer to it
+    /// is not an outage).
+    fn route_timeout(&self) -> Duration {
+        let base = self.shared.config.route_timeout_ms;
+        let extra = base.saturating_mul(self.lc.body_bytes() as u64) / (4 << 20);
+        Duration::from_millis(base.saturating_add(extra))
+    }
+}

@@ -1,0 +1,116 @@
+//! What the lifecycle says to do, done with host calls.
+
+use log::debug;
+use proxy_wasm::traits::HttpContext;
+use proxy_wasm::types::Action;
+use sglang_envoy_lifecycle::{Forward, LocalReply, PrefillStep, ResponseStep, Step};
+
+use super::Request;
+
+/// Whether the request (or its answer) goes on now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flow {
+    /// Let it go on.
+    Go,
+    /// Keep it paused (an answer, a local reply or more body is awaited).
+    Wait,
+}
+
+impl Request {
+    /// Carries out a step of the request's way to its worker.
+    pub(super) fn run(&mut self, step: Step) -> Flow {
+        match step {
+            Step::Ask(question) => self.ask(*question),
+            Step::AwaitAdmission { wait_ms } => self.await_admission(wait_ms),
+            Step::Forward(forward) => self.forward(forward),
+            Step::Reply(reply) => {
+                self.reply(reply);
+                Flow::Wait
+            }
+            Step::Fallback => {
+                if self.route_locally() {
+                    Flow::Go
+                } else {
+                    self.reply(LocalReply::unreachable());
+                    Flow::Wait
+                }
+            }
+        }
+    }
+
+    /// Carries out a step from a callback that is not Envoy's request
+    /// callback (an answer from the control plane): going on means resuming.
+    pub(super) fn run_resuming(&mut self, step: Step) {
+        if self.run(step) == Flow::Go {
+            self.resume_http_request();
+        }
+    }
+
+    /// Sends the request on, edited as the decision says.
+    fn forward(&mut self, f: Forward) -> Flow {
+        if f.await_prefill && !self.await_prefill() {
+            return Flow::Wait;
+        }
+        if let Some(body) = &f.body {
+            self.set_http_request_body(0, self.lc.body_bytes(), body);
+            self.set_http_request_header("content-length", Some(&body.len().to_string()));
+        }
+        self.set_http_request_header(&self.shared.config.endpoint_header, Some(&f.endpoints));
+        // How many of them Envoy tries, and how long a stream may take to
+        // start (Envoy drops clients' own x-envoy-* headers; ours count).
+        for (name, value) in &f.headers {
+            self.set_http_request_header(name, Some(value));
+        }
+        debug!("{} -> {} ({})", self.lc.path(), f.worker, f.endpoints);
+        Flow::Go
+    }
+
+    /// Carries out what the lifecycle says about the answer's head.
+    pub(super) fn response_head_step(&mut self, step: ResponseStep) -> Action {
+        match step {
+            ResponseStep::Continue { release, report } => {
+                if release.strip_length {
+                    self.set_http_response_header("content-length", None);
+                }
+                // A failed answer waits until the control plane counted it.
+                let waits = report.is_some_and(|c| self.report_failure(c));
+                if waits {
+                    Action::Pause
+                } else {
+                    Action::Continue
+                }
+            }
+            ResponseStep::Hold { grace: None } => Action::Pause,
+            ResponseStep::Hold { grace: Some(grace) } => {
+                if !self.await_prefill_for(grace) {
+                    let step = self.lc.on_prefill_unknown();
+                    return match step {
+                        PrefillStep::Release { .. } => Action::Continue,
+                        _ => Action::Pause,
+                    };
+                }
+                Action::Pause
+            }
+        }
+    }
+
+    /// Carries out what the lifecycle says after the prefill's outcome
+    /// (the answer's head may be held).
+    pub(super) fn prefill_step(&mut self, step: PrefillStep) {
+        match step {
+            PrefillStep::Nothing => {}
+            PrefillStep::Reply(reply) => self.reply(reply),
+            PrefillStep::KeepHolding => self.set_http_response_header("content-length", None),
+            PrefillStep::Release { release, replace } => {
+                if release.strip_length {
+                    self.set_http_response_header("content-length", None);
+                }
+                if let Some(body) = replace {
+                    self.set_http_response_body(0, self.response_held, &body);
+                }
+                self.response_held = 0;
+                self.resume_http_response();
+            }
+        }
+    }
+}
