@@ -16,6 +16,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use sglang_envoy_body::openai_error_json;
+use sglang_envoy_lifecycle::Mode;
 use tracing::info;
 
 use crate::config::parse_bootstrap_port;
@@ -167,7 +168,7 @@ fn spec_of(
     bootstrap_port: Option<Option<u16>>,
 ) -> Result<WorkerSpec, String> {
     let role = match worker_type {
-        None if state.engine.options().pd => {
+        None if state.engine.options().mode == Mode::Pd => {
             return Err("this router runs PD mode: say worker_type prefill or decode".into())
         }
         None => Role::Regular,
@@ -283,7 +284,7 @@ async fn list_workers(State(s): State<AdminState>) -> Response {
             .map(|w| w.url.clone())
             .collect()
     };
-    if s.engine.options().pd {
+    if s.engine.options().mode == Mode::Pd {
         Json(json!({
             "prefill": urls_of(Role::Prefill),
             "decode": urls_of(Role::Decode),
@@ -312,7 +313,7 @@ async fn health(State(s): State<AdminState>) -> Response {
         "status": "ok",
         "workers": all.len(),
         "healthy_workers": healthy,
-        "mode": if s.engine.options().pd { "pd" } else { "regular" },
+        "mode": s.engine.options().mode.as_str(),
         "dp_aware": s.engine.options().dp_aware,
         "policy": s.engine.policies().regular.name(),
         "prefill_policy": s.engine.policies().prefill.name(),
@@ -325,11 +326,7 @@ async fn health(State(s): State<AdminState>) -> Response {
 /// decode worker).
 async fn readiness(State(s): State<AdminState>) -> Response {
     let registry = s.engine.registry();
-    let roles: &[Role] = if s.engine.options().pd {
-        &[Role::Prefill, Role::Decode]
-    } else {
-        &[Role::Regular]
-    };
+    let roles = Role::taken_by(s.engine.options().mode);
     if let Some(missing) = roles.iter().find(|r| registry.available(**r).is_empty()) {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,

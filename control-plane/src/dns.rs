@@ -58,9 +58,7 @@ pub async fn refresh(engine: &Engine) -> usize {
         match registry.readdress(&base_url, address) {
             Ok(old) if old.is_empty() => {}
             Ok(old) => {
-                for unit in &old {
-                    engine.policies().of(unit.role()).on_removed(unit);
-                }
+                engine.forget(&old);
                 info!(worker = %base_url, from = %current, %to, "worker's name moved; following it");
                 moved += 1;
             }

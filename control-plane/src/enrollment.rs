@@ -347,7 +347,7 @@ mod tests {
     #[tokio::test]
     async fn a_registered_url_is_not_taken_again_in_another_role() {
         let e = enrollment_with(EngineOptions {
-            pd: true,
+            mode: sglang_envoy_lifecycle::Mode::Pd,
             ..Default::default()
         });
         let url = format!("http://127.0.0.1:{}", closed_port());

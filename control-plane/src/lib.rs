@@ -4,7 +4,9 @@
 //! Data flow: the filter's `Route` call (`service`) reaches the `engine`,
 //! which reads the healthy `workers` snapshot, asks the `policy` (which may
 //! consult the radix `tree` or the client's `routing_key`), counts load
-//! under the request's ticket (`tickets`) and answers; `Complete` releases the load. `xds` publishes the
+//! under the request's ticket (`tickets`) and answers; `Complete` releases
+//! the load. `startup` registers the initial workers, `upkeep` runs the
+//! background tasks. `xds` publishes the
 //! workers to Envoy, `admin` changes them (`enrollment` registers those not
 //! reachable yet in the background; `dns` moves those whose DNS name points
 //! elsewhere), `metrics` reports on all of it.
@@ -28,7 +30,9 @@ pub mod policy;
 pub mod retry;
 pub mod routing_key;
 pub mod service;
+pub mod startup;
 pub mod tickets;
 pub mod tree;
+pub mod upkeep;
 pub mod workers;
 pub mod xds;

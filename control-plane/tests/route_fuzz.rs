@@ -17,6 +17,7 @@ use sglang_envoy_control_plane::policy::{
     CacheAware, CacheAwareConfig, CostAware, CostAwareConfig, Policy,
 };
 use sglang_envoy_control_plane::workers::{Registry, Role, WorkerAddress, WorkerSpec};
+use sglang_envoy_lifecycle::Mode;
 use sglang_envoy_proto::{route_response, Completion, RouteRequest};
 
 fn engine(pd: bool, dp: Option<u32>, cost: bool, limit: Option<usize>) -> Engine {
@@ -67,7 +68,7 @@ fn engine(pd: bool, dp: Option<u32>, cost: bool, limit: Option<usize>) -> Engine
         Policies::same(policy),
         Arc::new(Metrics::default()),
         EngineOptions {
-            pd,
+            mode: if pd { Mode::Pd } else { Mode::Regular },
             admission: limit.map(|limit| AdmissionOptions {
                 limit,
                 queue_size: 2,

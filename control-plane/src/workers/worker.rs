@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 
 use sglang_envoy_body::WireProfile;
+use sglang_envoy_lifecycle::Mode;
 
 use parking_lot::Mutex;
 
@@ -31,6 +32,27 @@ impl Role {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
         }
+    }
+
+    /// The role that serves clients' requests (through Envoy) in `mode`.
+    pub fn serving(mode: Mode) -> Role {
+        match mode {
+            Mode::Regular => Role::Regular,
+            Mode::Pd => Role::Decode,
+        }
+    }
+
+    /// The roles of the workers a router in `mode` takes.
+    pub fn taken_by(mode: Mode) -> &'static [Role] {
+        match mode {
+            Mode::Regular => &[Role::Regular],
+            Mode::Pd => &[Role::Prefill, Role::Decode],
+        }
+    }
+
+    /// A router in `mode` takes workers of this role.
+    pub fn belongs_to(self, mode: Mode) -> bool {
+        Role::taken_by(mode).contains(&self)
     }
 
     /// The role named `name` on the wire; `None` for anything else.

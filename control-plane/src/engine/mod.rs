@@ -1,0 +1,368 @@
+//! The decision engine: the one place that turns a routing question into a
+//! decision (`decide.rs`), counts load, and releases it. Both front doors
+//! reach it the same way: the wasm filter's questions through the gRPC
+//! service (`service.rs`), the ext_proc front door's in process.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sglang_envoy_body::{Route, WireProfile};
+use sglang_envoy_lifecycle::Mode;
+use sglang_envoy_proto::{
+    route_response, AdmissionOutcome, Completion, PrefillEndpoint, PrefillOutcome, RouteRequest,
+    RouteResponse, WorkersSnapshot,
+};
+
+use crate::admission::{AdmissionOptions, Gate};
+use crate::metrics::Metrics;
+use crate::pd::{self, PrefillDispatcher, RidSource};
+use crate::retry::{self, RetryOptions};
+use crate::tickets::Tickets;
+use crate::workers::{
+    AddressError, AddressPolicy, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerId,
+    WorkerSpec,
+};
+
+mod decide;
+mod policies;
+
+pub use policies::Policies;
+
+/// Why an admin change to the worker set failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerChangeError {
+    /// The URL is unusable.
+    #[error(transparent)]
+    Address(#[from] AddressError),
+    /// Duplicate or unknown worker.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// A worker of a kind this router's mode does not use.
+    #[error("{0}")]
+    WrongMode(String),
+    /// `--dp-aware` needs the worker's server info (`dp_size`), and it
+    /// could not be read.
+    #[error("cannot read dp_size of {0}: {1}")]
+    DpSize(String, String),
+}
+
+impl WorkerChangeError {
+    /// The worker cannot be reached yet (its host name does not resolve, or
+    /// it does not tell its `dp_size`): trying again later may succeed.
+    pub fn is_not_ready(&self) -> bool {
+        matches!(
+            self,
+            WorkerChangeError::Address(AddressError::Resolve(..)) | WorkerChangeError::DpSize(..)
+        )
+    }
+}
+
+/// How the engine routes.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// How failed attempts are retried (and how many servers to offer).
+    pub retry: RetryOptions,
+    /// Regular routing, or prefill/decode disaggregation.
+    pub mode: Mode,
+    /// Route to DP ranks and read `dp_size` from workers as they are added.
+    pub dp_aware: bool,
+    /// Longest a prefill request may take.
+    pub request_timeout: Duration,
+    /// Which addresses may be workers.
+    pub addresses: AddressPolicy,
+    /// Admission control (`--max-concurrent-requests`); `None`: off.
+    pub admission: Option<AdmissionOptions>,
+    /// The control plane's one client for workers (TLS settings of the
+    /// flags, see [`crate::workers::worker_client`]): the PD prefill halves
+    /// and `/server_info` go through it.
+    pub worker_client: reqwest::Client,
+    /// `--wire-profile`: the field dialect of every worker; `None` (auto):
+    /// each worker's own, from the version it reports (see
+    /// [`pd::wire_profile`]).
+    pub wire_profile: Option<WireProfile>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            retry: RetryOptions::default(),
+            mode: Mode::Regular,
+            dp_aware: false,
+            request_timeout: Duration::from_secs(1800),
+            addresses: AddressPolicy::default(),
+            admission: None,
+            worker_client: reqwest::Client::new(),
+            wire_profile: None,
+        }
+    }
+}
+
+/// Chooses workers, counts their load, and releases it.
+pub struct Engine {
+    registry: Arc<Registry>,
+    policies: Policies,
+    tickets: Tickets,
+    metrics: Arc<Metrics>,
+    options: EngineOptions,
+    prefill: PrefillDispatcher,
+    rids: RidSource,
+    info_turn: AtomicUsize,
+    gate: Option<Gate>,
+}
+
+impl Engine {
+    /// An engine over `registry` using `policies`.
+    pub fn new(
+        registry: Arc<Registry>,
+        policies: Policies,
+        metrics: Arc<Metrics>,
+        options: EngineOptions,
+    ) -> Result<Self, reqwest::Error> {
+        let gate = options.admission.map(Gate::new);
+        Ok(Engine {
+            policies,
+            tickets: Tickets::default(),
+            prefill: PrefillDispatcher::new(
+                options.worker_client.clone(),
+                options.request_timeout,
+                metrics.clone(),
+                registry.clone(),
+            ),
+            registry,
+            metrics,
+            rids: RidSource::default(),
+            options,
+            info_turn: AtomicUsize::new(0),
+            gate,
+        })
+    }
+
+    /// The registry this engine routes over.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The routing policies.
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// How this engine routes.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// Answers one routing question. With admission control, an inference
+    /// request over the limit is queued (or refused) first, and a slot that
+    /// does not end in a decision is freed at once.
+    pub fn route(&self, req: &RouteRequest) -> RouteResponse {
+        let Some(gate) = self
+            .gate
+            .as_ref()
+            .filter(|_| req.ticket != 0 && Route::from_path(&req.path).is_some())
+        else {
+            return self.answer(req);
+        };
+        if let Some(answer) = gate.check(req.ticket) {
+            if let Some(route_response::Outcome::Rejection(_)) = &answer.outcome {
+                self.metrics.error("queue_full");
+            }
+            return answer;
+        }
+        let answer = self.answer(req);
+        if let Some(route_response::Outcome::Rejection(_)) = &answer.outcome {
+            gate.release(req.ticket);
+        }
+        answer
+    }
+
+    /// Waits until a request `route` queued may be routed (admission control).
+    pub async fn await_admission(&self, ticket: u64) -> AdmissionOutcome {
+        let Some(gate) = &self.gate else {
+            return AdmissionOutcome {
+                admitted: true,
+                rejection: None,
+            };
+        };
+        let outcome = gate.wait(ticket).await;
+        if outcome
+            .rejection
+            .as_ref()
+            .is_some_and(|r| r.http_status == 408)
+        {
+            self.metrics.error("queue_timeout");
+        }
+        outcome
+    }
+
+    /// Requests holding an admission slot and waiting for one.
+    pub fn admission_counts(&self) -> Option<(usize, usize)> {
+        self.gate.as_ref().map(Gate::counts)
+    }
+
+    /// The healthy servers, for the filter's outage fallback.
+    pub fn snapshot(&self) -> WorkersSnapshot {
+        let endpoints = |role: Role| -> Vec<Arc<Worker>> {
+            let mut seen = std::collections::HashSet::new();
+            self.registry
+                .available(role)
+                .iter()
+                .filter(|w| seen.insert(w.endpoint))
+                .cloned()
+                .collect()
+        };
+        WorkersSnapshot {
+            pd: self.options.mode == Mode::Pd,
+            serving: endpoints(Role::serving(self.options.mode))
+                .iter()
+                .map(|w| w.endpoint_text.clone())
+                .collect(),
+            prefill: endpoints(Role::Prefill)
+                .iter()
+                .map(|w| PrefillEndpoint {
+                    endpoint: w.endpoint_text.clone(),
+                    host: w.host.clone(),
+                    bootstrap_port: w.spec.bootstrap_port.map_or(0, u32::from),
+                })
+                .collect(),
+            wire_profiles: [Role::serving(self.options.mode), Role::Prefill]
+                .into_iter()
+                .flat_map(endpoints)
+                .map(|w| (w.endpoint_text.clone(), pd::wire_code(w.facts.wire)))
+                .collect(),
+        }
+    }
+
+    /// Waits for the prefill half of `ticket`.
+    pub async fn await_prefill(&self, ticket: u64) -> PrefillOutcome {
+        self.prefill.wait(ticket).await
+    }
+
+    /// Records what a request's attempts say about their workers as soon as
+    /// its answer starts with a failure, before the client sees it (and
+    /// sends its next request). Its end, reported later, records nothing
+    /// more.
+    pub fn record_outcome(&self, c: &Completion) {
+        let Some(plan) = self.tickets.take_plan(c.ticket) else {
+            return;
+        };
+        for (tried, ok) in retry::outcomes(&plan, c) {
+            self.registry.record_outcome(&tried, ok);
+        }
+    }
+
+    /// Releases a finished request's load. Returns the worker when Envoy had
+    /// to fail over away from it, so the caller can check its health.
+    pub fn complete(&self, c: &Completion) -> Option<Arc<Worker>> {
+        if let Some(gate) = &self.gate {
+            gate.release(c.ticket);
+        }
+        if self.options.mode == Mode::Pd {
+            self.prefill.finish(c.ticket);
+        }
+        let held = self.tickets.close(c.ticket)?;
+        held.release();
+        for (tried, ok) in retry::outcomes(&held.plan, c) {
+            self.registry.record_outcome(&tried, ok);
+        }
+        let worker = held.worker;
+        let failed_over = !c.upstream_host.is_empty() && c.upstream_host != worker.endpoint_text;
+        self.metrics.finished(
+            c.duration_us as f64 / 1e6,
+            failed_over,
+            c.attempts.saturating_sub(1),
+        );
+        if c.client_cancelled {
+            self.metrics.error("client_cancelled");
+        } else if c.http_status == 0 || c.http_status >= 500 {
+            self.metrics.error("upstream_error");
+        }
+        failed_over.then_some(worker)
+    }
+
+    /// What can be told of a worker without calling anything: that this
+    /// router's mode takes its role and that its URL is well formed.
+    /// Returns the normalised URL.
+    pub fn check_worker(&self, url: &str, spec: WorkerSpec) -> Result<String, WorkerChangeError> {
+        let mode = self.options.mode;
+        if !spec.role.belongs_to(mode) {
+            let wanted = match mode {
+                Mode::Pd => "prefill or decode",
+                Mode::Regular => "regular",
+            };
+            return Err(WorkerChangeError::WrongMode(format!(
+                "this router runs {} mode: it takes {wanted} workers, not {}",
+                mode.as_str(),
+                spec.role.as_str()
+            )));
+        }
+        Ok(WorkerAddress::normalise(url)?.0)
+    }
+
+    /// Registers a server as `id`: one routing unit, or one per DP rank with
+    /// `--dp-aware`. The caller checks its health.
+    pub async fn add_worker(
+        &self,
+        url: &str,
+        spec: WorkerSpec,
+        id: WorkerId,
+    ) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
+        self.check_worker(url, spec)?;
+        let address = WorkerAddress::resolve(url).await?;
+        self.options.addresses.check(url, address.endpoint)?;
+        if self.registry.contains(&address.url) {
+            return Err(RegistryError::Duplicate(address.url).into());
+        }
+        let facts = crate::workers::server_facts(
+            &self.options.worker_client,
+            &address.url,
+            self.options.dp_aware,
+            self.options.wire_profile,
+        )
+        .await
+        .map_err(|e| {
+            WorkerChangeError::DpSize(address.url.clone(), crate::workers::error_chain(&e))
+        })?;
+        Ok(self.registry.add_with_id(address, spec, facts, id)?)
+    }
+
+    /// Unregisters a server (all its units) and forgets its cache history.
+    /// Its requests in flight finish; their ends are still accounted.
+    pub fn remove_worker(&self, url: &str) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
+        let (normalised, _, _) = WorkerAddress::normalise(url)?;
+        let units = self.registry.remove(&normalised)?;
+        self.forget(&units);
+        Ok(units)
+    }
+
+    /// The policies forget units that are gone (removed, or moved to
+    /// another address): their cache history no longer stands for anything.
+    pub fn forget(&self, units: &[Arc<Worker>]) {
+        for unit in units {
+            self.policies.of(unit.role()).on_removed(unit);
+        }
+    }
+
+    /// Releases requests whose end was never reported.
+    pub fn reap(&self, timeout: std::time::Duration) -> usize {
+        self.prefill.reap(timeout);
+        if let Some(gate) = &self.gate {
+            gate.reap(timeout);
+        }
+        self.tickets.reap(timeout)
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> usize {
+        self.tickets.open_count()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,366 @@
+//! The engine's decisions, counts and releases, without a network.
+
+use sglang_envoy_lifecycle::Mode;
+use sglang_envoy_proto::Decision;
+
+use super::*;
+use crate::policy::{Policy, RoundRobin};
+
+fn address(port: u16) -> WorkerAddress {
+    WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+/// An engine with round robin over healthy loopback `servers`
+/// (port, spec, DP size).
+pub(crate) fn engine_with(
+    options: EngineOptions,
+    servers: &[(u16, WorkerSpec, Option<u32>)],
+) -> Engine {
+    engine_with_policies(
+        options,
+        servers,
+        Policies::same(Arc::new(RoundRobin::default())),
+    )
+}
+
+/// Like [`engine_with`], with these policies.
+fn engine_with_policies(
+    options: EngineOptions,
+    servers: &[(u16, WorkerSpec, Option<u32>)],
+    policies: Policies,
+) -> Engine {
+    let registry = Arc::new(Registry::default());
+    for (port, spec, dp) in servers {
+        let units = registry.add(address(*port), *spec, *dp).unwrap();
+        registry.set_healthy(&units[0], true);
+    }
+    Engine::new(registry, policies, Arc::new(Metrics::default()), options).unwrap()
+}
+
+fn engine(n: u16) -> Engine {
+    let servers: Vec<_> = (1..=n).map(|p| (p, WorkerSpec::REGULAR, None)).collect();
+    engine_with(EngineOptions::default(), &servers)
+}
+
+fn ask(e: &Engine, ticket: u64) -> RouteResponse {
+    e.route(&RouteRequest {
+        path: "/generate".into(),
+        method: "POST".into(),
+        routing_text: b"hello".to_vec(),
+        ticket,
+        ..Default::default()
+    })
+}
+
+fn decision(r: RouteResponse) -> Decision {
+    match r.outcome {
+        Some(route_response::Outcome::Decision(d)) => d,
+        other => panic!("expected a decision, got {other:?}"),
+    }
+}
+
+#[test]
+fn load_counted_at_decision_and_released_at_completion() {
+    let e = engine(3);
+    let d = decision(ask(&e, 42));
+    assert_eq!(d.ticket, 42);
+    // One endpoint per attempt (five by default): the chosen worker,
+    // the two others, then the same again.
+    assert_eq!(d.endpoints.len(), 5);
+    let distinct: std::collections::HashSet<_> = d.endpoints[..3].iter().collect();
+    assert_eq!(distinct.len(), 3);
+    assert_eq!(d.endpoints[3..], d.endpoints[..2]);
+    assert_eq!(d.request_headers[0].name, "x-envoy-max-retries");
+    assert_eq!(d.request_headers[0].value, "4");
+    assert!(d.inject.is_empty(), "nothing injected without DP");
+    let w = e.registry().get(&d.worker_url).unwrap();
+    assert_eq!(w.load(), 1);
+    assert!(e
+        .complete(&Completion {
+            ticket: 42,
+            http_status: 200,
+            upstream_host: d.endpoints[0].clone(),
+            ..Default::default()
+        })
+        .is_none());
+    assert_eq!(w.load(), 0);
+}
+
+#[test]
+fn failover_is_reported_for_health_check() {
+    let e = engine(2);
+    let d = decision(ask(&e, 5));
+    let suspect = e.complete(&Completion {
+        ticket: 5,
+        http_status: 200,
+        upstream_host: d.endpoints[1].clone(),
+        ..Default::default()
+    });
+    assert_eq!(suspect.map(|w| w.url.clone()), Some(d.worker_url));
+}
+
+#[test]
+fn no_healthy_worker_is_503() {
+    let e = engine(0);
+    match ask(&e, 1).outcome {
+        Some(route_response::Outcome::Rejection(r)) => assert_eq!(r.http_status, 503),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn completion_before_decision_leaves_no_load() {
+    let e = engine(1);
+    assert!(e
+        .complete(&Completion {
+            ticket: 9,
+            ..Default::default()
+        })
+        .is_none());
+    let d = decision(ask(&e, 9));
+    assert_eq!(e.registry().get(&d.worker_url).unwrap().load(), 0);
+    assert_eq!(e.in_flight(), 0);
+}
+
+#[test]
+fn dp_aware_units_get_their_rank_and_fallbacks_skip_sibling_ranks() {
+    let e = engine_with(
+        EngineOptions::default(),
+        &[
+            (1, WorkerSpec::REGULAR, Some(2)),
+            (2, WorkerSpec::REGULAR, Some(2)),
+        ],
+    );
+    let mut seen = std::collections::HashSet::new();
+    for t in 1..=4 {
+        let d = decision(ask(&e, t));
+        assert_eq!(d.inject.len(), 1);
+        assert_eq!(d.inject[0].key, "routed_dp_rank", "the default profile");
+        let rank: u32 = d.inject[0].json_value.parse().unwrap();
+        assert!(d.worker_url.ends_with(&format!("@{rank}")), "{d:?}");
+        // The other server is the fallback, never a sibling rank.
+        assert_ne!(d.endpoints[0], d.endpoints[1]);
+        assert_eq!(d.endpoints[2], d.endpoints[0]);
+        seen.insert(d.worker_url);
+    }
+    assert_eq!(
+        seen.len(),
+        4,
+        "round robin visits every rank of every server"
+    );
+}
+
+fn manual() -> Arc<dyn Policy> {
+    Arc::new(crate::policy::Manual::new(crate::policy::ManualConfig {
+        max_idle: Duration::from_secs(60),
+        assignment: crate::config::AssignmentMode::Random,
+    }))
+}
+
+fn keyed(key: &str, ticket: u64, body: &[u8]) -> RouteRequest {
+    RouteRequest {
+        path: "/generate".into(),
+        method: "POST".into(),
+        routing_text: b"hello".to_vec(),
+        routing_key: key.into(),
+        body: body.to_vec(),
+        ticket,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn manual_policy_keeps_each_key_on_one_dp_rank_and_counts_its_key() {
+    let e = engine_with_policies(
+        EngineOptions::default(),
+        &[
+            (1, WorkerSpec::REGULAR, Some(4)),
+            (2, WorkerSpec::REGULAR, Some(4)),
+        ],
+        Policies::same(manual()),
+    );
+    let mut ranks = std::collections::HashMap::new();
+    let mut ticket = 0;
+    for k in 0..16 {
+        let key = format!("session-{k}");
+        ticket += 1;
+        let first = decision(e.route(&keyed(&key, ticket, b"")));
+        let keys_here = ranks.entry(first.worker_url.clone()).or_insert(0);
+        *keys_here += 1;
+        let unit = e.registry().get(&first.worker_url).unwrap();
+        assert_eq!(
+            unit.routing_keys(),
+            *keys_here,
+            "each key in flight is counted once on its unit"
+        );
+        for _ in 0..3 {
+            ticket += 1;
+            let d = decision(e.route(&keyed(&key, ticket, b"")));
+            assert_eq!(d.worker_url, first.worker_url, "{key} moved");
+            assert_eq!(d.inject, first.inject, "same rank injected");
+        }
+    }
+    assert!(ranks.len() >= 4, "16 keys on {} of 8 ranks", ranks.len());
+    for t in 1..=ticket {
+        e.complete(&Completion {
+            ticket: t,
+            http_status: 200,
+            ..Default::default()
+        });
+    }
+    assert!(e
+        .registry()
+        .all()
+        .iter()
+        .all(|w| w.routing_keys() == 0 && w.load() == 0));
+}
+
+#[tokio::test]
+async fn manual_policy_keeps_a_key_on_its_prefill_and_decode_pair() {
+    // Each prefill server tells itself apart by its bootstrap port.
+    let prefill = |port| WorkerSpec {
+        role: Role::Prefill,
+        bootstrap_port: Some(port),
+    };
+    let decode = WorkerSpec {
+        role: Role::Decode,
+        bootstrap_port: None,
+    };
+    let e = engine_with_policies(
+        EngineOptions {
+            mode: Mode::Pd,
+            ..Default::default()
+        },
+        &[
+            (1, prefill(9001), None),
+            (2, prefill(9002), None),
+            (3, decode, None),
+            (4, decode, None),
+            (5, decode, None),
+        ],
+        Policies {
+            regular: manual(),
+            prefill: manual(),
+            decode: manual(),
+        },
+    );
+    let body = br#"{"text":"hello"}"#;
+    let (mut decodes, mut prefills) = (
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+    );
+    for k in 0..12 {
+        let key = format!("s{k}");
+        let first = decision(e.route(&keyed(&key, 100 + k, body)));
+        let prefill_port = |d: &Decision| {
+            d.inject
+                .iter()
+                .find(|f| f.key == "bootstrap_port")
+                .map(|f| f.json_value.clone())
+        };
+        for i in 0..3 {
+            let d = decision(e.route(&keyed(&key, 1000 + k * 10 + i, body)));
+            assert_eq!(d.worker_url, first.worker_url, "decode of {key} moved");
+            assert_eq!(
+                prefill_port(&d),
+                prefill_port(&first),
+                "prefill of {key} moved"
+            );
+        }
+        prefills.insert(prefill_port(&first));
+        decodes.insert(first.worker_url);
+    }
+    assert!(decodes.len() >= 2, "12 keys on one decode worker");
+    assert_eq!(prefills.len(), 2, "12 keys on one prefill worker");
+}
+
+fn pd_engine() -> Engine {
+    let prefill = WorkerSpec {
+        role: Role::Prefill,
+        bootstrap_port: Some(9),
+    };
+    let decode = WorkerSpec {
+        role: Role::Decode,
+        bootstrap_port: None,
+    };
+    engine_with(
+        EngineOptions {
+            mode: Mode::Pd,
+            ..Default::default()
+        },
+        // The prefill "server" is a closed port: the prefill fails fast.
+        &[(1, prefill, None), (2, decode, None)],
+    )
+}
+
+#[tokio::test]
+async fn pd_asks_for_the_body_then_decides_and_reports_prefill_failure() {
+    let e = pd_engine();
+    match ask(&e, 1).outcome {
+        Some(route_response::Outcome::NeedBody(_)) => {}
+        other => panic!("expected NeedBody, got {other:?}"),
+    }
+    let r = e.route(&RouteRequest {
+        path: "/generate".into(),
+        method: "POST".into(),
+        routing_text: b"hello".to_vec(),
+        body: br#"{"text":"hello"}"#.to_vec(),
+        ticket: 2,
+        ..Default::default()
+    });
+    let d = decision(r);
+    assert!(d.await_prefill);
+    assert_eq!(d.worker_url, "http://127.0.0.1:2");
+    let keys: Vec<_> = d.inject.iter().map(|f| f.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["rid", "bootstrap_host", "bootstrap_port", "bootstrap_room",],
+        "no ranks: no rank fields in the (default) upstream profile"
+    );
+    let snapshot = e.snapshot();
+    assert_eq!(
+        snapshot.wire_profiles.get("127.0.0.1:1"),
+        Some(&(sglang_envoy_proto::WireProfile::Upstream as i32))
+    );
+    assert_eq!(snapshot.wire_profiles.len(), 2, "prefill and decode");
+    let outcome = e.await_prefill(2).await;
+    assert!(!outcome.ok);
+    assert_eq!(outcome.http_status, 502);
+    let prefill = e.registry().get("http://127.0.0.1:1").unwrap();
+    assert_eq!(prefill.load(), 0, "prefill load released when it ended");
+    e.complete(&Completion {
+        ticket: 2,
+        http_status: 502,
+        ..Default::default()
+    });
+    assert_eq!(e.registry().get("http://127.0.0.1:2").unwrap().load(), 0);
+}
+
+#[tokio::test]
+async fn pd_without_prefill_workers_is_503() {
+    let decode = WorkerSpec {
+        role: Role::Decode,
+        bootstrap_port: None,
+    };
+    let e = engine_with(
+        EngineOptions {
+            mode: Mode::Pd,
+            ..Default::default()
+        },
+        &[(2, decode, None)],
+    );
+    let r = e.route(&RouteRequest {
+        path: "/generate".into(),
+        method: "POST".into(),
+        body: br#"{"text":"x"}"#.to_vec(),
+        ticket: 3,
+        ..Default::default()
+    });
+    match r.outcome {
+        Some(route_response::Outcome::Rejection(r)) => {
+            assert_eq!(r.http_status, 503);
+            assert!(r.message.contains("prefill"), "{}", r.message);
+        }
+        other => panic!("{other:?}"),
+    }
+}
