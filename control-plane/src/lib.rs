@@ -17,7 +17,6 @@
 //! the bodies Envoy holds for it within a `body_budget`.
 
 pub mod admin;
-pub mod admission;
 pub mod body_budget;
 pub mod config;
 pub mod dns;
@@ -26,13 +25,11 @@ pub mod enrollment;
 pub mod ext_proc;
 pub mod metrics;
 pub mod pd;
-pub mod policy;
-pub mod retry;
-pub mod routing_key;
+pub mod policy_flags;
 pub mod service;
 pub mod startup;
-pub mod tickets;
-pub mod tree;
 pub mod upkeep;
 pub mod workers;
 pub mod xds;
+
+pub use sglang_envoy_core::{admission, policy, retry, routing_key, tickets, tree};

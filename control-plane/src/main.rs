@@ -24,7 +24,7 @@ use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::workers::{worker_client, AddressPolicy, HealthChecker, Registry};
-use sglang_envoy_control_plane::{admin, ext_proc, policy, service, startup, upkeep, xds};
+use sglang_envoy_control_plane::{admin, ext_proc, policy_flags, service, startup, upkeep, xds};
 
 /// mimalloc instead of glibc's allocator: a routing decision allocates a
 /// few small buffers and the tree grows by the new part of every prompt;
@@ -83,17 +83,17 @@ impl Router {
         let registry = Arc::new(Registry::new(args.circuit_config()));
         let policies = match mode {
             Mode::Pd => {
-                let prefill = policy::build(args.prefill_policy(), args);
+                let prefill = policy_flags::build(args.prefill_policy(), args);
                 // Its own instance even when of the same kind: the
                 // cache-aware trees of prefill and decode workers must not mix.
-                let decode = policy::build(args.decode_policy(), args);
+                let decode = policy_flags::build(args.decode_policy(), args);
                 Policies {
                     regular: prefill.clone(),
                     prefill,
                     decode,
                 }
             }
-            Mode::Regular => Policies::same(policy::build(args.policy, args)),
+            Mode::Regular => Policies::same(policy_flags::build(args.policy, args)),
         };
         // One client for every call to a worker (health checks, discovery,
         // PD prefill halves), with the TLS flags: bad certificate files stop

@@ -1,7 +1,6 @@
 use std::sync::Arc;
 
 use super::{least_loaded, matched_lens, CacheOutcome, Policy, RouteInput, Selection};
-use crate::config::Args;
 use crate::tree::Tree;
 use crate::workers::Worker;
 
@@ -16,17 +15,6 @@ pub struct CacheAwareConfig {
     pub balance_rel_threshold: f32,
     /// Per-worker tree size kept by eviction.
     pub max_tree_size: usize,
-}
-
-impl From<&Args> for CacheAwareConfig {
-    fn from(a: &Args) -> Self {
-        CacheAwareConfig {
-            cache_threshold: a.cache_threshold,
-            balance_abs_threshold: a.balance_abs_threshold,
-            balance_rel_threshold: a.balance_rel_threshold,
-            max_tree_size: a.max_tree_size,
-        }
-    }
 }
 
 /// sglang-router's cache-aware policy.

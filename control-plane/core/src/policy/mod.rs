@@ -11,13 +11,12 @@ mod round_robin;
 use std::sync::Arc;
 
 pub use cache_aware::{CacheAware, CacheAwareConfig};
-pub use cost_aware::{CostAware, CostAwareConfig};
-pub use manual::{Manual, ManualConfig};
+pub use cost_aware::{CostAware, CostAwareConfig, MIN_MATCH};
+pub use manual::{AssignmentMode, Manual, ManualConfig};
 pub use power_of_two::PowerOfTwo;
 pub use random::Random;
 pub use round_robin::RoundRobin;
 
-use crate::config::{Args, PolicyKind};
 use crate::routing_key::RoutingKey;
 use crate::tree::{PrefixMatch, TenantId};
 use crate::workers::Worker;
@@ -80,16 +79,27 @@ pub trait Policy: Send + Sync {
     fn maintain(&self, _registered: &[Arc<Worker>]) {}
 }
 
-/// A policy of `kind`, tuned by the flags.
-pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
-    match kind {
-        PolicyKind::Random => Arc::new(Random),
-        PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
-        PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
-        PolicyKind::CacheAware => Arc::new(CacheAware::new(CacheAwareConfig::from(args))),
-        PolicyKind::CostAware => Arc::new(CostAware::new(CostAwareConfig::from(args))),
-        PolicyKind::Manual => Arc::new(Manual::new(ManualConfig::from(args))),
-    }
+/// Routing policy for choosing a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Uniformly random healthy worker.
+    Random,
+    /// Healthy workers in turn.
+    RoundRobin,
+    /// Two random healthy workers; the one with fewer requests in flight.
+    PowerOfTwo,
+    /// sglang-router's cache-aware policy: prefix match on approximate radix
+    /// trees, shortest queue when loads are imbalanced.
+    CacheAware,
+    /// This router's own: the worker where the request is expected to
+    /// start soonest, weighing the prefill its cache saves against the
+    /// prefill work queued on it (see docs/cost-aware-policy.md).
+    CostAware,
+    /// sglang-router's sticky sessions: requests with the same
+    /// `X-SMG-Routing-Key` header go to the same worker (another one only
+    /// while it is unhealthy); requests without it as `--assignment-mode`.
+    Manual,
 }
 
 /// For each worker, the bytes of the request its tenant holds, in one pass

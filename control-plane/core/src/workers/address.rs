@@ -1,6 +1,6 @@
 use std::net::{IpAddr, SocketAddr};
 
-use reqwest::Url;
+use url::Url;
 
 /// Why a worker URL cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

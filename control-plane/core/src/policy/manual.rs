@@ -5,7 +5,6 @@ use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 
 use super::{lowest_at_random, CacheOutcome, Policy, RouteInput, Selection};
-use crate::config::{Args, AssignmentMode};
 use crate::routing_key::RoutingKey;
 use crate::workers::Worker;
 
@@ -24,13 +23,19 @@ pub struct ManualConfig {
     pub assignment: AssignmentMode,
 }
 
-impl From<&Args> for ManualConfig {
-    fn from(a: &Args) -> Self {
-        ManualConfig {
-            max_idle: Duration::from_secs(a.max_idle_secs),
-            assignment: a.assignment_mode,
-        }
-    }
+/// How the `manual` policy picks a worker for a routing key it has not
+/// seen (or whose workers are all unhealthy), and for requests without a
+/// key (sglang-router 0.3.2's `--assignment-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum AssignmentMode {
+    /// Uniformly random healthy worker.
+    Random,
+    /// The healthy worker with the fewest requests in flight (ties at random).
+    MinLoad,
+    /// The healthy worker with the fewest distinct routing keys among its
+    /// requests in flight (ties at random).
+    MinGroup,
 }
 
 /// What the policy remembers of one routing key.

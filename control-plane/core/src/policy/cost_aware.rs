@@ -1,7 +1,6 @@
 use std::sync::Arc;
 
 use super::{lowest_at_random, matched_lens, CacheOutcome, Policy, RouteInput, Selection};
-use crate::config::Args;
 use crate::tree::Tree;
 use crate::workers::Worker;
 
@@ -23,17 +22,6 @@ pub struct CostAwareConfig {
     /// a KV page (a token is ~4 bytes), and following them would pile
     /// unrelated prompts onto one worker's cache for no saving.
     pub min_match: usize,
-}
-
-impl From<&Args> for CostAwareConfig {
-    fn from(a: &Args) -> Self {
-        CostAwareConfig {
-            per_request_cost: a.cost_per_request,
-            max_tree_size: a.max_tree_size,
-            min_match: MIN_MATCH,
-            queue_weight: a.cost_queue_weight,
-        }
-    }
 }
 
 /// Default of [`CostAwareConfig::min_match`]: a few tokens.

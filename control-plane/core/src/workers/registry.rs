@@ -200,8 +200,7 @@ impl Registry {
         self.all.load().iter().any(|w| w.base_url == base_url)
     }
 
-    /// The worker registered under this normalised URL.
-    #[cfg(test)]
+    /// The unit registered under this URL (`@rank` for a DP rank).
     pub fn get(&self, url: &str) -> Option<Arc<Worker>> {
         self.all.load().iter().find(|w| w.url == url).cloned()
     }

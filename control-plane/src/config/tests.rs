@@ -1,0 +1,160 @@
+//! Flags parse as sglang-router's do, and bad combinations are refused.
+
+use super::*;
+
+#[test]
+fn defaults_match_sglang_router() {
+    let a = Args::parse_from(["cp"]);
+    assert_eq!(a.policy, PolicyKind::CacheAware);
+    assert_eq!(a.cache_threshold, 0.3);
+    assert_eq!(a.balance_abs_threshold, 64);
+    assert_eq!(a.balance_rel_threshold, 1.5);
+    assert_eq!(a.eviction_interval_secs, 60);
+    assert_eq!(a.max_tree_size, 67_108_864);
+    assert_eq!(a.health_check_interval_secs, 60);
+    assert_eq!(a.health_failure_threshold, 3);
+    assert_eq!(a.wire_profile.forced(), None, "auto by default");
+    assert_eq!(a.max_idle_secs, 14400);
+    assert_eq!(a.worker_startup_timeout_secs, 1800);
+    assert_eq!(a.dns_refresh_secs, 10);
+    assert_eq!(a.worker_startup_check_interval, 30);
+    assert_eq!(a.assignment_mode, AssignmentMode::Random);
+    assert!(a.validate().is_ok());
+    let seeds = Args::parse_from(["cp", "--wire-profile", "seeds"]);
+    assert_eq!(
+        seeds.wire_profile.forced(),
+        Some(sglang_envoy_body::WireProfile::Seeds)
+    );
+    assert!(Args::try_parse_from(["cp", "--wire-profile", "latest"]).is_err());
+}
+
+#[test]
+fn worker_urls_take_several_values() {
+    let a = Args::parse_from([
+        "cp",
+        "--worker-urls",
+        "http://a:1",
+        "http://b:2",
+        "--policy",
+        "round_robin",
+    ]);
+    assert_eq!(a.worker_urls, ["http://a:1", "http://b:2"]);
+    assert_eq!(a.policy, PolicyKind::RoundRobin);
+}
+
+#[test]
+fn pd_flags_as_sglang_router_takes_them() {
+    let a = Args::try_parse_args([
+        "cp",
+        "--pd-disaggregation",
+        "--prefill",
+        "http://p1:30001",
+        "9001",
+        "--prefill",
+        "http://p2:30001",
+        "none",
+        "--prefill",
+        "http://p3:30001",
+        "--decode",
+        "http://d1:30002",
+        "--decode",
+        "http://d2:30002",
+        "--policy",
+        "random",
+        "--decode-policy",
+        "round_robin",
+    ])
+    .unwrap();
+    assert!(a.validate().is_ok(), "{:?}", a.validate());
+    assert_eq!(
+        a.prefill_workers().unwrap(),
+        [
+            ("http://p1:30001".to_string(), Some(9001)),
+            ("http://p2:30001".to_string(), None),
+            ("http://p3:30001".to_string(), None),
+        ]
+    );
+    assert_eq!(a.decode, ["http://d1:30002", "http://d2:30002"]);
+    assert_eq!(a.prefill_policy(), PolicyKind::Random);
+    assert_eq!(a.decode_policy(), PolicyKind::RoundRobin);
+    let bad = Args::try_parse_args([
+        "cp",
+        "--pd-disaggregation",
+        "--prefill",
+        "http://p1:1",
+        "port",
+    ])
+    .unwrap();
+    assert!(bad.validate().is_err());
+    let no_pd = Args::parse_from(["cp", "--decode", "http://d:1"]);
+    assert!(no_pd.validate().is_err());
+}
+
+#[test]
+fn tls_flags_as_sglang_router_takes_them() {
+    let a = Args::try_parse_args([
+        "cp",
+        "--client-cert-path",
+        "c.pem",
+        "--client-key-path",
+        "k.pem",
+        "--ca-cert-paths",
+        "ca1.pem",
+        "ca2.pem",
+        "--worker-urls",
+        "https://w:1",
+    ])
+    .unwrap();
+    assert!(a.validate().is_ok());
+    let tls = a.worker_tls();
+    assert_eq!(tls.client_cert, Some(PathBuf::from("c.pem")));
+    assert_eq!(tls.client_key, Some(PathBuf::from("k.pem")));
+    assert_eq!(
+        tls.ca_certs,
+        [PathBuf::from("ca1.pem"), PathBuf::from("ca2.pem")]
+    );
+    assert_eq!(a.worker_urls, ["https://w:1"]);
+    let repeated = Args::parse_from(["cp", "--ca-cert-paths", "a", "--ca-cert-paths", "b"]);
+    assert_eq!(repeated.worker_tls().ca_certs.len(), 2);
+    for half in [
+        ["cp", "--client-cert-path", "c.pem"],
+        ["cp", "--client-key-path", "k.pem"],
+    ] {
+        let err = Args::parse_from(half).validate().unwrap_err();
+        assert_eq!(
+            err,
+            "Both --client-cert-path and --client-key-path must be specified together"
+        );
+    }
+}
+
+#[test]
+fn manual_policy_flags_as_sglang_router_takes_them() {
+    let a = Args::parse_from([
+        "cp",
+        "--policy",
+        "manual",
+        "--assignment-mode",
+        "min_group",
+        "--max-idle-secs",
+        "60",
+    ]);
+    assert_eq!(a.policy, PolicyKind::Manual);
+    assert_eq!(a.assignment_mode, AssignmentMode::MinGroup);
+    assert_eq!(a.max_idle_secs, 60);
+    let pd = Args::parse_from([
+        "cp",
+        "--prefill-policy",
+        "manual",
+        "--decode-policy",
+        "manual",
+    ]);
+    assert_eq!(pd.prefill_policy, Some(PolicyKind::Manual));
+    assert!(Args::try_parse_args(["cp", "--assignment-mode", "bucket"]).is_err());
+}
+
+#[test]
+fn bad_threshold_is_rejected() {
+    let a = Args::parse_from(["cp", "--cache-threshold", "1.5"]);
+    assert!(a.validate().is_err());
+}

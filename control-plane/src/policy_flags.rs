@@ -1,0 +1,36 @@
+//! The routing policies the flags ask for, tuned by them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sglang_envoy_core::policy::{
+    CacheAware, CacheAwareConfig, CostAware, CostAwareConfig, Manual, ManualConfig, Policy,
+    PolicyKind, PowerOfTwo, Random, RoundRobin, MIN_MATCH,
+};
+
+use crate::config::Args;
+
+/// A policy of `kind`, tuned by the flags.
+pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
+    match kind {
+        PolicyKind::Random => Arc::new(Random),
+        PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
+        PolicyKind::PowerOfTwo => Arc::new(PowerOfTwo),
+        PolicyKind::CacheAware => Arc::new(CacheAware::new(CacheAwareConfig {
+            cache_threshold: args.cache_threshold,
+            balance_abs_threshold: args.balance_abs_threshold,
+            balance_rel_threshold: args.balance_rel_threshold,
+            max_tree_size: args.max_tree_size,
+        })),
+        PolicyKind::CostAware => Arc::new(CostAware::new(CostAwareConfig {
+            per_request_cost: args.cost_per_request,
+            max_tree_size: args.max_tree_size,
+            min_match: MIN_MATCH,
+            queue_weight: args.cost_queue_weight,
+        })),
+        PolicyKind::Manual => Arc::new(Manual::new(ManualConfig {
+            max_idle: Duration::from_secs(args.max_idle_secs),
+            assignment: args.assignment_mode,
+        })),
+    }
+}
