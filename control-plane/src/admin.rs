@@ -179,10 +179,7 @@ fn spec_of(
     if role != Role::Prefill && bootstrap_port.flatten().is_some() {
         return Err("bootstrap_port is for prefill workers".into());
     }
-    Ok(WorkerSpec {
-        role,
-        bootstrap_port: bootstrap_port.flatten(),
-    })
+    Ok(WorkerSpec::of(role, bootstrap_port.flatten()))
 }
 
 async fn add(
@@ -196,7 +193,7 @@ async fn add(
         .await?;
     if let Some(first) = units.first() {
         let healthy = state.health.admit(first).await;
-        info!(worker = %first.base_url, role = spec.role.as_str(), units = units.len(), healthy, "worker added");
+        info!(worker = %first.base_url, role = spec.role().as_str(), units = units.len(), healthy, "worker added");
     }
     Ok(units)
 }

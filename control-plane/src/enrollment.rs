@@ -282,7 +282,7 @@ mod tests {
     use crate::engine::{EngineOptions, Policies};
     use crate::metrics::Metrics;
     use crate::policy::RoundRobin;
-    use crate::workers::{Registry, Role};
+    use crate::workers::Registry;
 
     fn enrollment_with(options: EngineOptions) -> Arc<Enrollment> {
         let engine = Engine::new(
@@ -327,10 +327,7 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(again, Enrolled::Existing(id) if id == given));
-        let other_role = WorkerSpec {
-            role: Role::Decode,
-            bootstrap_port: None,
-        };
+        let other_role = WorkerSpec::Decode;
         assert!(
             e.enroll(&url, other_role, None).await.is_err(),
             "wrong mode"
@@ -351,12 +348,8 @@ mod tests {
             ..Default::default()
         });
         let url = format!("http://127.0.0.1:{}", closed_port());
-        let decode = WorkerSpec {
-            role: Role::Decode,
-            bootstrap_port: None,
-        };
-        let prefill = WorkerSpec {
-            role: Role::Prefill,
+        let decode = WorkerSpec::Decode;
+        let prefill = WorkerSpec::Prefill {
             bootstrap_port: Some(8998),
         };
         let id = e.enroll(&url, decode, None).await.unwrap().id();

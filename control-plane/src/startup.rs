@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use crate::config::Args;
 use crate::enrollment::{Enrolled, Enrollment};
-use crate::workers::{persist, HealthChecker, Role, WorkerAddress, WorkerId, WorkerSpec};
+use crate::workers::{persist, HealthChecker, WorkerAddress, WorkerId, WorkerSpec};
 
 /// Registers the initial workers and waits until those that are up are
 /// known to be: a restarted control plane must not answer "no healthy
@@ -77,17 +77,11 @@ fn initial_workers(args: &Args) -> anyhow::Result<Vec<InitialWorker>> {
         .map(|u| (u.clone(), WorkerSpec::REGULAR))
         .collect();
     for (url, bootstrap_port) in args.prefill_workers().map_err(anyhow::Error::msg)? {
-        let spec = WorkerSpec {
-            role: Role::Prefill,
-            bootstrap_port,
-        };
+        let spec = WorkerSpec::Prefill { bootstrap_port };
         initial.push((url, spec));
     }
     for url in &args.decode {
-        let spec = WorkerSpec {
-            role: Role::Decode,
-            bootstrap_port: None,
-        };
+        let spec = WorkerSpec::Decode;
         initial.push((url.clone(), spec));
     }
     let stored = match &args.state_file {

@@ -227,8 +227,7 @@ mod tests {
             (7002, WorkerSpec::REGULAR, Some(4)),
             (
                 7003,
-                WorkerSpec {
-                    role: Role::Prefill,
+                WorkerSpec::Prefill {
                     bootstrap_port: None,
                 },
                 None,

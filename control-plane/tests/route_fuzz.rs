@@ -16,7 +16,7 @@ use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::policy::{
     CacheAware, CacheAwareConfig, CostAware, CostAwareConfig, Policy,
 };
-use sglang_envoy_control_plane::workers::{Registry, Role, WorkerAddress, WorkerSpec};
+use sglang_envoy_control_plane::workers::{Registry, WorkerAddress, WorkerSpec};
 use sglang_envoy_lifecycle::Mode;
 use sglang_envoy_proto::{route_response, Completion, RouteRequest};
 
@@ -24,14 +24,10 @@ fn engine(pd: bool, dp: Option<u32>, cost: bool, limit: Option<usize>) -> Engine
     let registry = Arc::new(Registry::default());
     let specs: Vec<WorkerSpec> = if pd {
         vec![
-            WorkerSpec {
-                role: Role::Prefill,
+            WorkerSpec::Prefill {
                 bootstrap_port: Some(9),
             },
-            WorkerSpec {
-                role: Role::Decode,
-                bootstrap_port: None,
-            },
+            WorkerSpec::Decode,
         ]
     } else {
         vec![WorkerSpec::REGULAR, WorkerSpec::REGULAR]

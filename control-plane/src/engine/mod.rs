@@ -228,7 +228,7 @@ impl Engine {
                 .map(|w| PrefillEndpoint {
                     endpoint: w.endpoint_text.clone(),
                     host: w.host.clone(),
-                    bootstrap_port: w.spec.bootstrap_port.map_or(0, u32::from),
+                    bootstrap_port: w.spec.bootstrap_port().map_or(0, u32::from),
                 })
                 .collect(),
             wire_profiles: [Role::serving(self.options.mode), Role::Prefill]
@@ -291,7 +291,7 @@ impl Engine {
     /// Returns the normalised URL.
     pub fn check_worker(&self, url: &str, spec: WorkerSpec) -> Result<String, WorkerChangeError> {
         let mode = self.options.mode;
-        if !spec.role.belongs_to(mode) {
+        if !spec.role().belongs_to(mode) {
             let wanted = match mode {
                 Mode::Pd => "prefill or decode",
                 Mode::Regular => "regular",
@@ -299,7 +299,7 @@ impl Engine {
             return Err(WorkerChangeError::WrongMode(format!(
                 "this router runs {} mode: it takes {wanted} workers, not {}",
                 mode.as_str(),
-                spec.role.as_str()
+                spec.role().as_str()
             )));
         }
         Ok(WorkerAddress::normalise(url)?.0)

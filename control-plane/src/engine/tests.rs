@@ -218,14 +218,10 @@ fn manual_policy_keeps_each_key_on_one_dp_rank_and_counts_its_key() {
 #[tokio::test]
 async fn manual_policy_keeps_a_key_on_its_prefill_and_decode_pair() {
     // Each prefill server tells itself apart by its bootstrap port.
-    let prefill = |port| WorkerSpec {
-        role: Role::Prefill,
+    let prefill = |port| WorkerSpec::Prefill {
         bootstrap_port: Some(port),
     };
-    let decode = WorkerSpec {
-        role: Role::Decode,
-        bootstrap_port: None,
-    };
+    let decode = WorkerSpec::Decode;
     let e = engine_with_policies(
         EngineOptions {
             mode: Mode::Pd,
@@ -275,14 +271,10 @@ async fn manual_policy_keeps_a_key_on_its_prefill_and_decode_pair() {
 }
 
 fn pd_engine() -> Engine {
-    let prefill = WorkerSpec {
-        role: Role::Prefill,
+    let prefill = WorkerSpec::Prefill {
         bootstrap_port: Some(9),
     };
-    let decode = WorkerSpec {
-        role: Role::Decode,
-        bootstrap_port: None,
-    };
+    let decode = WorkerSpec::Decode;
     engine_with(
         EngineOptions {
             mode: Mode::Pd,
@@ -338,10 +330,7 @@ async fn pd_asks_for_the_body_then_decides_and_reports_prefill_failure() {
 
 #[tokio::test]
 async fn pd_without_prefill_workers_is_503() {
-    let decode = WorkerSpec {
-        role: Role::Decode,
-        bootstrap_port: None,
-    };
+    let decode = WorkerSpec::Decode;
     let e = engine_with(
         EngineOptions {
             mode: Mode::Pd,

@@ -47,7 +47,7 @@ pub fn pd_fields(
 ) -> PdFields {
     let bootstrap = Bootstrap {
         host: &prefill.host,
-        port: prefill.spec.bootstrap_port,
+        port: prefill.spec.bootstrap_port(),
         prefill: unit(prefill),
         decode: unit(decode),
     };
@@ -81,10 +81,7 @@ mod tests {
                 endpoint: "10.0.0.1:30001".parse().unwrap(),
                 tls: false,
             },
-            WorkerSpec {
-                role,
-                bootstrap_port: port,
-            },
+            WorkerSpec::of(role, port),
             rank,
             Arc::default(),
             0,

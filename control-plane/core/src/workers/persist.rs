@@ -38,10 +38,10 @@ impl StoredWorker {
     /// The spec to register it with; `None` for an unknown worker type.
     pub fn spec(&self) -> Option<WorkerSpec> {
         let role = Role::parse(&self.worker_type)?;
-        Some(WorkerSpec {
+        Some(WorkerSpec::of(
             role,
-            bootstrap_port: self.bootstrap_port.filter(|_| role == Role::Prefill),
-        })
+            self.bootstrap_port.filter(|_| role == Role::Prefill),
+        ))
     }
 }
 
@@ -61,7 +61,7 @@ pub fn snapshot(registry: &Registry) -> Vec<StoredWorker> {
         out.push(StoredWorker {
             url: w.base_url.clone(),
             worker_type: w.role().as_str().to_string(),
-            bootstrap_port: w.spec.bootstrap_port,
+            bootstrap_port: w.spec.bootstrap_port(),
             id: Some(w.id),
         });
     }
@@ -104,8 +104,7 @@ mod tests {
         let r = Registry::default();
         let address =
             |port: u16| WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-        let prefill = WorkerSpec {
-            role: Role::Prefill,
+        let prefill = WorkerSpec::Prefill {
             bootstrap_port: Some(8998),
         };
         r.add(address(1), prefill, Some(4)).unwrap();

@@ -341,10 +341,7 @@ mod tests {
     #[test]
     fn dp_ranks_are_units_of_one_server_and_roles_are_separate() {
         let r = Registry::default();
-        let decode = WorkerSpec {
-            role: Role::Decode,
-            bootstrap_port: None,
-        };
+        let decode = WorkerSpec::Decode;
         let id = WorkerId::random();
         let units = r.add_with_id(address(1), decode, Some(4), id).unwrap();
         assert_eq!(units.len(), 4);
@@ -358,8 +355,7 @@ mod tests {
                 .unwrap_err(),
             RegistryError::DuplicateId(id)
         );
-        let prefill = WorkerSpec {
-            role: Role::Prefill,
+        let prefill = WorkerSpec::Prefill {
             bootstrap_port: Some(9000),
         };
         let p = r.add(address(2), prefill, None).unwrap();
@@ -383,10 +379,7 @@ mod tests {
             endpoint: std::net::SocketAddr::from((ip, 30000)),
             tls: false,
         };
-        let decode = WorkerSpec {
-            role: Role::Decode,
-            bootstrap_port: None,
-        };
+        let decode = WorkerSpec::Decode;
         let old = r.add(named([10, 0, 0, 1]), decode, Some(2)).unwrap();
         let other = r.add(address(4), decode, None).unwrap();
         r.set_healthy(&old[0], true);

@@ -63,23 +63,52 @@ impl Role {
     }
 }
 
-/// How a server was registered: its role and, for prefill servers, the
-/// bootstrap port decode workers fetch the KV cache from (`None` sends a
-/// null port: the decode worker then uses its own default).
+/// How a server was registered: its role and, for prefill servers only,
+/// the bootstrap port decode workers fetch the KV cache from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerSpec {
-    /// Regular, prefill or decode.
-    pub role: Role,
-    /// Prefill servers only.
-    pub bootstrap_port: Option<u16>,
+pub enum WorkerSpec {
+    /// A normal SGLang server.
+    Regular,
+    /// A PD prefill server.
+    Prefill {
+        /// Its bootstrap port; `None` sends a null port, and the decode
+        /// worker then uses its own default.
+        bootstrap_port: Option<u16>,
+    },
+    /// A PD decode server.
+    Decode,
 }
 
 impl WorkerSpec {
     /// A regular worker.
-    pub const REGULAR: WorkerSpec = WorkerSpec {
-        role: Role::Regular,
-        bootstrap_port: None,
-    };
+    pub const REGULAR: WorkerSpec = WorkerSpec::Regular;
+
+    /// The spec of a server of `role`; `bootstrap_port` counts for prefill
+    /// servers only.
+    pub fn of(role: Role, bootstrap_port: Option<u16>) -> WorkerSpec {
+        match role {
+            Role::Regular => WorkerSpec::Regular,
+            Role::Prefill => WorkerSpec::Prefill { bootstrap_port },
+            Role::Decode => WorkerSpec::Decode,
+        }
+    }
+
+    /// Regular, prefill or decode.
+    pub fn role(self) -> Role {
+        match self {
+            WorkerSpec::Regular => Role::Regular,
+            WorkerSpec::Prefill { .. } => Role::Prefill,
+            WorkerSpec::Decode => Role::Decode,
+        }
+    }
+
+    /// A prefill server's bootstrap port; `None` for the others.
+    pub fn bootstrap_port(self) -> Option<u16> {
+        match self {
+            WorkerSpec::Prefill { bootstrap_port } => bootstrap_port,
+            _ => None,
+        }
+    }
 }
 
 /// What the control plane knows of a server from the server itself (its
@@ -199,7 +228,7 @@ impl Worker {
 
     /// Regular or prefill or decode.
     pub fn role(&self) -> Role {
-        self.spec.role
+        self.spec.role()
     }
 
     /// Requests sent to this worker whose end has not been reported yet.
