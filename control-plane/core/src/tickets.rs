@@ -1,7 +1,9 @@
-//! Requests in flight, by the ticket the filter chose for them.
+//! Requests in flight, by the ticket the front door chose for them: one
+//! record each, holding what the request counts on its unit and, in PD
+//! mode, its prefill half.
 //!
-//! Load is counted when a decision is made and released when the filter
-//! reports the request's end. A report can arrive before the decision is
+//! Load is counted when a decision is made and released when the front door
+//! reports the request's end; a prefill still running then is stopped. A report can arrive before the decision is
 //! recorded (the client left while the decision was on its way), so an end
 //! for an unknown ticket leaves a tombstone that cancels the late decision.
 
@@ -10,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
+use sglang_envoy_proto::PrefillOutcome;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
 
 use crate::routing_key::RoutingKey;
 use crate::workers::Worker;
@@ -30,6 +35,48 @@ pub struct Held {
     /// The units Envoy may try, one per attempt (`retry::plan`); empty when
     /// there is nothing to attribute (info requests, prefill halves, tests).
     pub plan: Vec<Arc<Worker>>,
+    /// PD: the prefill half sent for the request.
+    pub prefill: Option<PrefillHandle>,
+}
+
+/// The prefill half of a PD request, sent by a task: its outcome once
+/// known, and the means to stop it.
+#[derive(Debug, Clone)]
+pub struct PrefillHandle {
+    outcome: watch::Receiver<Option<PrefillOutcome>>,
+    task: Arc<AbortHandle>,
+}
+
+impl PrefillHandle {
+    /// The prefill run by `task`, which sends its outcome on `outcome`.
+    pub fn new(outcome: watch::Receiver<Option<PrefillOutcome>>, task: AbortHandle) -> Self {
+        PrefillHandle {
+            outcome,
+            task: Arc::new(task),
+        }
+    }
+
+    /// Waits for the outcome (a failure if the prefill was stopped first).
+    pub async fn outcome(mut self) -> PrefillOutcome {
+        match self.outcome.wait_for(Option::is_some).await {
+            Ok(o) => o.clone().unwrap_or_default(),
+            Err(_) => PrefillOutcome {
+                ok: false,
+                http_status: 499,
+                message: "the request ended before its prefill did".into(),
+                error_type: "prefill_failed".into(),
+                input_token_logprobs: String::new(),
+            },
+        }
+    }
+
+    /// Stops the prefill if it still runs: it then serves nobody (the
+    /// client went away, or the decode failed and its error went back),
+    /// and dropping its connection aborts it on the worker, which frees
+    /// the KV cache it holds for a decode that never comes.
+    pub fn stop(&self) {
+        self.task.abort();
+    }
 }
 
 impl Held {
@@ -44,6 +91,15 @@ impl Held {
             work,
             routing_key,
             plan: Vec::new(),
+            prefill: None,
+        }
+    }
+
+    /// The same, with the prefill half sent for the request.
+    pub fn with_prefill(self, prefill: PrefillHandle) -> Held {
+        Held {
+            prefill: Some(prefill),
+            ..self
         }
     }
 
@@ -52,8 +108,11 @@ impl Held {
         Held { plan, ..self }
     }
 
-    /// Releases what [`Held::start`] counted.
+    /// Releases what [`Held::start`] counted, and stops the prefill half.
     pub fn release(&self) {
+        if let Some(prefill) = &self.prefill {
+            prefill.stop();
+        }
         self.worker.finish(self.work);
         if let Some(key) = self.routing_key {
             self.worker.release_key(key);
@@ -112,6 +171,14 @@ impl Tickets {
         let mut slot = self.slots.get_mut(&ticket)?;
         match slot.value_mut() {
             Slot::Open { held, .. } => Some(std::mem::take(&mut held.plan)),
+            Slot::Ended { .. } => None,
+        }
+    }
+
+    /// The prefill half of open `ticket`, to wait for its outcome.
+    pub fn prefill(&self, ticket: u64) -> Option<PrefillHandle> {
+        match self.slots.get(&ticket)?.value() {
+            Slot::Open { held, .. } => held.prefill.clone(),
             Slot::Ended { .. } => None,
         }
     }

@@ -18,7 +18,7 @@ use crate::pd::{self, PrefillJob};
 use crate::policy::RouteInput;
 use crate::retry;
 use crate::routing_key::RoutingKey;
-use crate::tickets::Held;
+use crate::tickets::{Held, PrefillHandle};
 use crate::workers::{Role, Worker};
 
 /// A decision: the request goes to the units of `plan` in order (the
@@ -149,7 +149,7 @@ impl Engine {
         let selection = self.policies.regular.select(&serving, &input);
         let worker = serving.get(selection.index).ok_or_else(Rejected::no_unit)?;
         let plan = retry::plan(&serving, selection.index, &self.options.retry);
-        self.count(&plan, req.ticket, selection.work, input.routing_key);
+        self.count(&plan, req.ticket, selection.work, input.routing_key, None);
         self.metrics
             .decided(route.path(), selection.cache, elapsed(started));
         debug!(path = %req.path, worker = %worker.url, cache = ?selection.cache, "routed");
@@ -198,22 +198,27 @@ impl Engine {
             .map_err(invalid)?;
         let want_logprobs = pd::wants_input_logprobs(route, &body);
         let plan = retry::plan(decodes, d.index, &self.options.retry);
-        self.count(&plan, req.ticket, d.work, input.routing_key);
-        self.prefill.dispatch(
+        let prefill_half = self.prefill.dispatch(PrefillJob {
+            worker: prefill.clone(),
+            path: req.path.clone(),
+            headers: req
+                .headers
+                .iter()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect(),
+            body: prefill_body,
+            want_logprobs,
+            work: p.work,
+            routing_key: input.routing_key,
+        });
+        // One record: the decode's load and the prefill half, released
+        // and stopped together when the request ends.
+        self.count(
+            &plan,
             req.ticket,
-            PrefillJob {
-                worker: prefill.clone(),
-                path: req.path.clone(),
-                headers: req
-                    .headers
-                    .iter()
-                    .map(|h| (h.name.clone(), h.value.clone()))
-                    .collect(),
-                body: prefill_body,
-                want_logprobs,
-                work: p.work,
-                routing_key: input.routing_key,
-            },
+            d.work,
+            input.routing_key,
+            Some(prefill_half),
         );
         self.metrics
             .decided(route.path(), p.cache, elapsed(started));
@@ -229,12 +234,24 @@ impl Engine {
     }
 
     /// Counts a request (its estimated `work`, its routing key) on the first
-    /// unit of `plan` until `ticket` is reported finished.
-    fn count(&self, plan: &[Arc<Worker>], ticket: u64, work: u64, key: Option<RoutingKey>) {
+    /// unit of `plan`, with its PD prefill half if any, until `ticket` is
+    /// reported finished.
+    fn count(
+        &self,
+        plan: &[Arc<Worker>],
+        ticket: u64,
+        work: u64,
+        key: Option<RoutingKey>,
+        prefill: Option<PrefillHandle>,
+    ) {
         let Some(worker) = plan.first() else {
+            prefill.inspect(PrefillHandle::stop);
             return;
         };
-        let held = Held::start(worker.clone(), work, key).with_plan(plan.to_vec());
+        let mut held = Held::start(worker.clone(), work, key).with_plan(plan.to_vec());
+        if let Some(prefill) = prefill {
+            held = held.with_prefill(prefill);
+        }
         if ticket == 0 {
             // No ticket to report the end with.
             held.release();

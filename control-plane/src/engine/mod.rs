@@ -241,7 +241,18 @@ impl Engine {
 
     /// Waits for the prefill half of `ticket`.
     pub async fn await_prefill(&self, ticket: u64) -> PrefillOutcome {
-        self.prefill.wait(ticket).await
+        match self.tickets.prefill(ticket) {
+            Some(prefill) => prefill.outcome().await,
+            None => PrefillOutcome {
+                ok: false,
+                http_status: 503,
+                message:
+                    "no prefill request is known for this ticket (was the control plane restarted?)"
+                        .into(),
+                error_type: "prefill_failed".into(),
+                input_token_logprobs: String::new(),
+            },
+        }
     }
 
     /// Records what a request's attempts say about their workers as soon as
@@ -262,9 +273,6 @@ impl Engine {
     pub fn complete(&self, c: &Completion) -> Option<Arc<Worker>> {
         if let Some(gate) = &self.gate {
             gate.release(c.ticket);
-        }
-        if self.options.mode == Mode::Pd {
-            self.prefill.finish(c.ticket);
         }
         let held = self.tickets.close(c.ticket)?;
         held.release();
@@ -351,7 +359,6 @@ impl Engine {
 
     /// Releases requests whose end was never reported.
     pub fn reap(&self, timeout: std::time::Duration) -> usize {
-        self.prefill.reap(timeout);
         if let Some(gate) = &self.gate {
             gate.reap(timeout);
         }

@@ -318,6 +318,10 @@ async fn pd_asks_for_the_body_then_decides_and_reports_prefill_failure() {
     let outcome = e.await_prefill(2).await;
     assert!(!outcome.ok);
     assert_eq!(outcome.http_status, 502);
+    // Kept with the request until it ends: a second wait (the filter's
+    // decode-error grace) gets the same outcome, not "unknown".
+    let again = e.await_prefill(2).await;
+    assert_eq!((again.ok, again.http_status), (false, 502));
     let prefill = e.registry().get("http://127.0.0.1:1").unwrap();
     assert_eq!(prefill.load(), 0, "prefill load released when it ended");
     e.complete(&Completion {
@@ -326,6 +330,65 @@ async fn pd_asks_for_the_body_then_decides_and_reports_prefill_failure() {
         ..Default::default()
     });
     assert_eq!(e.registry().get("http://127.0.0.1:2").unwrap().load(), 0);
+    // Ended: the record, prefill and all, is gone.
+    assert_eq!(e.await_prefill(2).await.http_status, 503);
+}
+
+#[tokio::test]
+async fn a_request_ending_first_stops_its_prefill() {
+    // A prefill server that never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let e = engine_with(
+        EngineOptions {
+            mode: Mode::Pd,
+            ..Default::default()
+        },
+        &[
+            (
+                port,
+                WorkerSpec::Prefill {
+                    bootstrap_port: None,
+                },
+                None,
+            ),
+            (2, WorkerSpec::Decode, None),
+        ],
+    );
+    let d = decision(e.route(&RouteRequest {
+        path: "/generate".into(),
+        method: "POST".into(),
+        body: br#"{"text":"hello"}"#.to_vec(),
+        ticket: 3,
+        ..Default::default()
+    }));
+    assert!(d.await_prefill);
+    let prefill = e
+        .registry()
+        .get(&format!("http://127.0.0.1:{port}"))
+        .unwrap();
+    let waiting = {
+        let e = std::sync::Arc::new(e);
+        let waiter = e.clone();
+        let wait = tokio::spawn(async move { waiter.await_prefill(3).await });
+        // Let the prefill connect and the wait start.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(prefill.load(), 1, "the prefill runs");
+        e.complete(&Completion {
+            ticket: 3,
+            client_cancelled: true,
+            ..Default::default()
+        });
+        wait
+    };
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+        .await
+        .expect("the wait ends with the request")
+        .unwrap();
+    assert_eq!((outcome.ok, outcome.http_status), (false, 499));
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(prefill.load(), 0, "the stopped prefill's load is released");
+    drop(listener);
 }
 
 #[tokio::test]

@@ -1,17 +1,15 @@
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use dashmap::DashMap;
 use sglang_envoy_body::{is_worker_failure, prefill_input_logprobs};
 use sglang_envoy_lifecycle::headers;
 use sglang_envoy_proto::PrefillOutcome;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
 use crate::routing_key::RoutingKey;
-use crate::tickets::Held;
+use crate::tickets::{Held, PrefillHandle};
 use crate::workers::{error_chain, Registry, Worker};
 
 /// One prefill request to send.
@@ -33,21 +31,14 @@ pub struct PrefillJob {
     pub routing_key: Option<RoutingKey>,
 }
 
-/// Sends the prefill half of PD requests and keeps each one's outcome until
-/// the filter asks for it (`AwaitPrefill`), the request ends, or it expires.
+/// Sends the prefill half of PD requests; each one's handle is kept with
+/// its request's ticket (`crate::tickets`) until the request ends.
 pub struct PrefillDispatcher {
     client: reqwest::Client,
     timeout: Duration,
-    pending: DashMap<u64, Pending>,
     metrics: Arc<Metrics>,
     /// Where each prefill's outcome goes to its worker's circuit breaker.
     registry: Arc<Registry>,
-}
-
-struct Pending {
-    outcome: watch::Receiver<Option<PrefillOutcome>>,
-    task: AbortHandle,
-    started: Instant,
 }
 
 /// Holds a prefill unit's load for as long as its request runs, including
@@ -74,15 +65,15 @@ impl PrefillDispatcher {
         PrefillDispatcher {
             client,
             timeout,
-            pending: DashMap::new(),
             metrics,
             registry,
         }
     }
 
-    /// Starts the prefill request for `ticket`. Must run inside a tokio
+    /// Starts the prefill request; the handle follows it (the request's
+    /// ticket keeps it with the decode's load). Must run inside a tokio
     /// runtime.
-    pub fn dispatch(&self, ticket: u64, job: PrefillJob) {
+    pub fn dispatch(&self, job: PrefillJob) -> PrefillHandle {
         let guard = LoadGuard(Held::start(job.worker.clone(), job.work, job.routing_key));
         let (tx, rx) = watch::channel(None);
         let client = self.client.clone();
@@ -101,59 +92,7 @@ impl PrefillDispatcher {
             drop(guard);
             let _ = tx.send(Some(outcome));
         });
-        self.pending.insert(
-            ticket,
-            Pending {
-                outcome: rx,
-                task: task.abort_handle(),
-                started: Instant::now(),
-            },
-        );
-    }
-
-    /// Waits for the outcome of `ticket`'s prefill and forgets it.
-    pub async fn wait(&self, ticket: u64) -> PrefillOutcome {
-        let Some(mut rx) = self.pending.get(&ticket).map(|p| p.outcome.clone()) else {
-            return failure(
-                503,
-                "no prefill request is known for this ticket (was the control plane restarted?)",
-            );
-        };
-        let outcome = match rx.wait_for(Option::is_some).await {
-            Ok(o) => o.clone().unwrap_or_default(),
-            // The task was aborted: the request ended meanwhile.
-            Err(_) => failure(499, "the request ended before its prefill did"),
-        };
-        self.pending.remove(&ticket);
-        outcome
-    }
-
-    /// The request of `ticket` ended. A prefill still running then serves
-    /// nobody (the client went away, or decode failed and its error went
-    /// back): it is stopped, and dropping its connection aborts it on the
-    /// worker, which frees the KV cache it holds for a decode that never comes.
-    pub fn finish(&self, ticket: u64) {
-        if let Some((_, p)) = self.pending.remove(&ticket) {
-            p.task.abort();
-        }
-    }
-
-    /// Forgets outcomes nobody asked for within `timeout`.
-    pub fn reap(&self, timeout: Duration) -> usize {
-        let before = self.pending.len();
-        self.pending.retain(|_, p| {
-            let keep = p.started.elapsed() < timeout;
-            if !keep {
-                p.task.abort();
-            }
-            keep
-        });
-        before - self.pending.len()
-    }
-
-    /// Prefill outcomes being kept.
-    pub fn pending(&self) -> usize {
-        self.pending.len()
+        PrefillHandle::new(rx, task.abort_handle())
     }
 }
 
