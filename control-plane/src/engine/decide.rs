@@ -65,8 +65,32 @@ impl Rejected {
 }
 
 impl Engine {
+    /// Answers one routing question. With admission control, an inference
+    /// request over the limit is queued (or refused) first, and a slot that
+    /// does not end in a decision is freed at once.
+    pub fn route(&self, req: &RouteRequest) -> RouteResponse {
+        let Some(gate) = self
+            .gate
+            .as_ref()
+            .filter(|_| req.ticket != 0 && Route::from_path(&req.path).is_some())
+        else {
+            return self.answer(req);
+        };
+        if let Some(answer) = gate.check(req.ticket) {
+            if let Some(route_response::Outcome::Rejection(_)) = &answer.outcome {
+                self.metrics.error("queue_full");
+            }
+            return answer;
+        }
+        let answer = self.answer(req);
+        if let Some(route_response::Outcome::Rejection(_)) = &answer.outcome {
+            gate.release(req.ticket);
+        }
+        answer
+    }
+
     /// The decision for `req`, as the wire carries it.
-    pub(super) fn answer(&self, req: &RouteRequest) -> RouteResponse {
+    fn answer(&self, req: &RouteRequest) -> RouteResponse {
         let outcome = match self.decide_route(req) {
             Ok(routed) => self.to_decision(routed),
             Err(Rejected::NeedBody) => route_response::Outcome::NeedBody(NeedBody {}),

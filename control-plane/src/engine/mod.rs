@@ -7,11 +7,10 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sglang_envoy_body::{Route, WireProfile};
+use sglang_envoy_body::WireProfile;
 use sglang_envoy_lifecycle::Mode;
 use sglang_envoy_proto::{
-    route_response, AdmissionOutcome, Completion, PrefillEndpoint, PrefillOutcome, RouteRequest,
-    RouteResponse, WorkersSnapshot,
+    AdmissionOutcome, Completion, PrefillEndpoint, PrefillOutcome, WorkersSnapshot,
 };
 
 use crate::admission::{AdmissionOptions, Gate};
@@ -156,30 +155,6 @@ impl Engine {
     /// How this engine routes.
     pub fn options(&self) -> &EngineOptions {
         &self.options
-    }
-
-    /// Answers one routing question. With admission control, an inference
-    /// request over the limit is queued (or refused) first, and a slot that
-    /// does not end in a decision is freed at once.
-    pub fn route(&self, req: &RouteRequest) -> RouteResponse {
-        let Some(gate) = self
-            .gate
-            .as_ref()
-            .filter(|_| req.ticket != 0 && Route::from_path(&req.path).is_some())
-        else {
-            return self.answer(req);
-        };
-        if let Some(answer) = gate.check(req.ticket) {
-            if let Some(route_response::Outcome::Rejection(_)) = &answer.outcome {
-                self.metrics.error("queue_full");
-            }
-            return answer;
-        }
-        let answer = self.answer(req);
-        if let Some(route_response::Outcome::Rejection(_)) = &answer.outcome {
-            gate.release(req.ticket);
-        }
-        answer
     }
 
     /// Waits until a request `route` queued may be routed (admission control).

@@ -1,7 +1,7 @@
 //! The engine's decisions, counts and releases, without a network.
 
 use sglang_envoy_lifecycle::Mode;
-use sglang_envoy_proto::Decision;
+use sglang_envoy_proto::{route_response, Decision, RouteRequest, RouteResponse};
 
 use super::*;
 use crate::policy::{Policy, RoundRobin};
