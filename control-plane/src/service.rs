@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use sglang_envoy_lifecycle::{wire, Question};
 use sglang_envoy_proto::router_server::Router;
 use sglang_envoy_proto::{
     AdmissionOutcome, AdmissionWait, CompleteRequest, CompleteResponse, PrefillOutcome,
@@ -31,7 +32,11 @@ impl Router for RouterService {
         &self,
         request: Request<RouteRequest>,
     ) -> Result<Response<RouteResponse>, Status> {
-        Ok(Response::new(self.engine.route(request.get_ref())))
+        // The gRPC edge: the contract's types in and out, the router's own inside.
+        let question = Question::from(request.into_inner());
+        Ok(Response::new(wire::response_of(
+            self.engine.route(&question),
+        )))
     }
 
     async fn complete(

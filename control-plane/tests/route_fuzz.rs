@@ -17,8 +17,8 @@ use sglang_envoy_control_plane::policy::{
     CacheAware, CacheAwareConfig, CostAware, CostAwareConfig, Policy,
 };
 use sglang_envoy_control_plane::workers::{Registry, WorkerAddress, WorkerSpec};
-use sglang_envoy_lifecycle::Mode;
-use sglang_envoy_proto::{route_response, Completion, RouteRequest};
+use sglang_envoy_lifecycle::{Mode, Question, Unrouted};
+use sglang_envoy_proto::Completion;
 
 fn engine(pd: bool, dp: Option<u32>, cost: bool, limit: Option<usize>) -> Engine {
     let registry = Arc::new(Registry::default());
@@ -118,7 +118,7 @@ proptest! {
             let e = engine(pd, dp, cost, limit);
             for (i, (path, method, body, text)) in requests.into_iter().enumerate() {
                 let ticket = i as u64 + 1;
-                let r = e.route(&RouteRequest {
+                let r = e.route(&Question {
                     path,
                     method: method.to_string(),
                     routing_text: text,
@@ -127,28 +127,27 @@ proptest! {
                     ticket,
                     ..Default::default()
                 });
-                match r.outcome {
-                    Some(route_response::Outcome::Decision(d)) => {
+                match r {
+                    Ok(d) => {
                         prop_assert!(!d.endpoints.is_empty());
-                        if d.await_prefill {
+                        if d.prefill.is_some() {
                             let outcome = e.await_prefill(ticket).await;
                             prop_assert!(!outcome.ok, "closed port cannot prefill");
                         }
                     }
-                    Some(route_response::Outcome::Rejection(rej)) => {
+                    Err(Unrouted::Rejected(rej)) => {
                         prop_assert!(
-                            [400, 404, 503].contains(&rej.http_status),
-                            "unexpected status {}", rej.http_status
+                            [400, 404, 503].contains(&rej.status),
+                            "unexpected status {}", rej.status
                         );
                     }
-                    Some(route_response::Outcome::NeedBody(_)) => prop_assert!(pd),
-                    Some(route_response::Outcome::Queued(_)) => {
+                    Err(Unrouted::NeedBody) => prop_assert!(pd),
+                    Err(Unrouted::Queued { .. }) => {
                         prop_assert!(limit.is_some());
                         // The filter waits, and then asks again or gives up.
                         let outcome = e.await_admission(ticket).await;
                         prop_assert!(outcome.admitted || outcome.rejection.is_some());
                     }
-                    None => prop_assert!(false, "no outcome"),
                 }
                 e.complete(&Completion { ticket, http_status: 200, ..Default::default() });
             }

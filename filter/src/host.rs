@@ -8,7 +8,6 @@ use std::time::UNIX_EPOCH;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType};
 use sglang_envoy_lifecycle::{EndFacts, Source};
-use sglang_envoy_proto::Header;
 
 /// The request of the HTTP context host calls are made for, whose body
 /// Envoy holds `body_bytes` of.
@@ -26,12 +25,11 @@ impl Source for EnvoyRequest {
         Cow::Owned(body)
     }
 
-    fn headers(&self) -> Vec<Header> {
+    fn headers(&self) -> Vec<(String, String)> {
         hostcalls::get_map(MapType::HttpRequestHeaders)
             .unwrap_or_default()
             .into_iter()
             .filter(|(name, _)| !name.starts_with(':'))
-            .map(|(name, value)| Header { name, value })
             .collect()
     }
 }

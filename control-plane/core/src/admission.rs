@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
-use sglang_envoy_proto::{route_response, AdmissionOutcome, Queued, Rejection, RouteResponse};
+use sglang_envoy_lifecycle::{LocalReply, Unrouted};
+use sglang_envoy_proto::{AdmissionOutcome, Rejection};
 use tokio::sync::oneshot;
 
 /// The limits (`--max-concurrent-requests` and the queue's).
@@ -197,25 +198,21 @@ impl Gate {
 
     /// `None` when `ticket` may be routed now; else the answer: queued
     /// (ask `AwaitAdmission`, then `Route` again) or a 429.
-    pub fn check(&self, ticket: u64) -> Option<RouteResponse> {
+    pub fn check(&self, ticket: u64) -> Option<Unrouted> {
         match self.admission.admit(ticket) {
             Admit::Now => None,
             Admit::Queued(slot) => {
                 self.queued.insert(ticket, (Instant::now(), slot));
                 let wait = self.admission.options().queue_timeout;
-                Some(RouteResponse {
-                    outcome: Some(route_response::Outcome::Queued(Queued {
-                        wait_ms: wait.as_millis() as u64,
-                    })),
+                Some(Unrouted::Queued {
+                    wait_ms: wait.as_millis() as u64,
                 })
             }
-            Admit::Full => Some(RouteResponse {
-                outcome: Some(route_response::Outcome::Rejection(Rejection {
-                    http_status: 429,
-                    message: "too many requests: the router's queue is full; retry later".into(),
-                    error_type: "rate_limit_exceeded".into(),
-                })),
-            }),
+            Admit::Full => Some(Unrouted::Rejected(LocalReply::new(
+                429,
+                "rate_limit_exceeded",
+                "too many requests: the router's queue is full; retry later",
+            ))),
         }
     }
 
@@ -376,19 +373,8 @@ mod tests {
             queue_timeout: Duration::from_millis(200),
         });
         assert!(g.check(1).is_none(), "a free slot: route it");
-        let queued = g.check(2).and_then(|r| r.outcome);
-        assert!(matches!(
-            queued,
-            Some(route_response::Outcome::Queued(Queued { wait_ms: 200 }))
-        ));
-        let full = g.check(3).and_then(|r| r.outcome);
-        assert!(matches!(
-            full,
-            Some(route_response::Outcome::Rejection(Rejection {
-                http_status: 429,
-                ..
-            }))
-        ));
+        assert_eq!(g.check(2), Some(Unrouted::Queued { wait_ms: 200 }));
+        assert!(matches!(g.check(3), Some(Unrouted::Rejected(r)) if r.status == 429));
         g.release(1);
         assert!(g.wait(2).await.admitted);
         assert!(g.check(2).is_none(), "the admitted ticket asks again");

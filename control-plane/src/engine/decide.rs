@@ -1,16 +1,14 @@
 //! The routing decision proper: which units, in which order, with which
-//! fields, counted how. Decisions are the engine's own values ([`Routed`],
-//! [`Rejected`]); they become the wire's `RouteResponse` in one place.
+//! fields, counted how. Questions and answers are the router's own types
+//! (`sglang_envoy_lifecycle::{Question, Answer}`); the gRPC service
+//! converts them at its edge, ext_proc uses them as they are.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use sglang_envoy_body::{is_info_path, RequestBody, Route};
-use sglang_envoy_lifecycle::Mode;
-use sglang_envoy_proto::{
-    route_response, BodyField, Decision, NeedBody, Rejection, RouteRequest, RouteResponse,
-};
+use sglang_envoy_lifecycle::{Answer, FollowPrefill, LocalReply, Mode, Question, Routed, Unrouted};
 use tracing::debug;
 
 use super::Engine;
@@ -21,9 +19,9 @@ use crate::routing_key::RoutingKey;
 use crate::tickets::{Held, PrefillHandle};
 use crate::workers::{Role, Worker};
 
-/// A decision: the request goes to the units of `plan` in order (the
-/// chosen one, then those Envoy retries on).
-pub(super) struct Routed {
+/// What the engine chose for one question: the units of `plan` in order
+/// (the chosen one, then those Envoy retries on).
+struct Choice {
     plan: Vec<Arc<Worker>>,
     /// The ticket its load is counted under (0: none, for info requests).
     ticket: u64,
@@ -31,112 +29,66 @@ pub(super) struct Routed {
     inject: Vec<(&'static str, String)>,
     /// The client asked for a stream (sets Envoy's per-try timeout).
     stream: bool,
-    /// Regular, or PD with the prefill half sent: follow it, and merge its
-    /// input logprobs when `merge_input_logprobs`.
-    mode: Mode,
-    merge_input_logprobs: bool,
+    /// PD: the prefill half was sent.
+    prefill: Option<FollowPrefill>,
 }
 
-/// Why a question gets no decision (yet).
-pub(super) enum Rejected {
-    /// An error for the client.
-    Error {
-        status: u32,
-        kind: &'static str,
-        message: String,
-    },
-    /// PD: ask again with the body (the filter sends bodies only once asked;
-    /// from then on it always does).
-    NeedBody,
+/// An error answer for the client.
+fn rejected(status: u16, kind: &str, message: impl Into<String>) -> Unrouted {
+    Unrouted::Rejected(LocalReply::new(status, kind, message))
 }
 
-impl Rejected {
-    fn error(status: u32, kind: &'static str, message: impl Into<String>) -> Self {
-        Rejected::Error {
-            status,
-            kind,
-            message: message.into(),
-        }
-    }
-
-    fn no_unit() -> Self {
-        Rejected::error(503, "service_unavailable", "no worker could be chosen")
-    }
+fn no_unit() -> Unrouted {
+    rejected(503, "service_unavailable", "no worker could be chosen")
 }
 
 impl Engine {
     /// Answers one routing question. With admission control, an inference
     /// request over the limit is queued (or refused) first, and a slot that
     /// does not end in a decision is freed at once.
-    pub fn route(&self, req: &RouteRequest) -> RouteResponse {
+    pub fn route(&self, q: &Question) -> Answer {
         let Some(gate) = self
             .gate
             .as_ref()
-            .filter(|_| req.ticket != 0 && Route::from_path(&req.path).is_some())
+            .filter(|_| q.ticket != 0 && Route::from_path(&q.path).is_some())
         else {
-            return self.answer(req);
+            return self.answer(q);
         };
-        if let Some(answer) = gate.check(req.ticket) {
-            if let Some(route_response::Outcome::Rejection(_)) = &answer.outcome {
+        if let Some(unrouted) = gate.check(q.ticket) {
+            if let Unrouted::Rejected(_) = unrouted {
                 self.metrics.error("queue_full");
             }
-            return answer;
+            return Err(unrouted);
         }
-        let answer = self.answer(req);
-        if let Some(route_response::Outcome::Rejection(_)) = &answer.outcome {
-            gate.release(req.ticket);
+        let answer = self.answer(q);
+        if let Err(Unrouted::Rejected(_)) = answer {
+            gate.release(q.ticket);
         }
         answer
     }
 
-    /// The decision for `req`, as the wire carries it.
-    fn answer(&self, req: &RouteRequest) -> RouteResponse {
-        let outcome = match self.decide_route(req) {
-            Ok(routed) => self.to_decision(routed),
-            Err(Rejected::NeedBody) => route_response::Outcome::NeedBody(NeedBody {}),
-            Err(Rejected::Error {
-                status,
-                kind,
-                message,
-            }) => route_response::Outcome::Rejection(Rejection {
-                http_status: status,
-                error_type: kind.to_string(),
-                message,
-            }),
-        };
-        RouteResponse {
-            outcome: Some(outcome),
-        }
-    }
-
-    fn to_decision(&self, r: Routed) -> route_response::Outcome {
-        let Some(first) = r.plan.first() else {
-            return route_response::Outcome::Rejection(Rejection {
-                http_status: 503,
-                error_type: "service_unavailable".into(),
-                message: "no worker could be chosen".into(),
-            });
-        };
-        route_response::Outcome::Decision(Decision {
-            ticket: r.ticket,
-            endpoints: r.plan.iter().map(|w| w.endpoint_text.clone()).collect(),
-            worker_url: first.url.clone(),
-            inject: r
+    fn answer(&self, q: &Question) -> Answer {
+        let c = self.decide_route(q)?;
+        let first = c.plan.first().ok_or_else(no_unit)?;
+        Ok(Routed {
+            ticket: c.ticket,
+            endpoints: c.plan.iter().map(|w| w.endpoint_text.clone()).collect(),
+            worker: first.url.clone(),
+            inject: c
                 .inject
                 .into_iter()
-                .map(|(key, json_value)| BodyField {
-                    key: key.to_string(),
-                    json_value,
-                })
+                .map(|(key, value)| (key.to_string(), value))
                 .collect(),
-            await_prefill: r.mode == Mode::Pd,
-            merge_input_logprobs: r.merge_input_logprobs,
-            request_headers: retry::request_headers(&r.plan, r.stream, &self.options.retry),
+            request_headers: retry::request_headers(&c.plan, c.stream, &self.options.retry)
+                .into_iter()
+                .map(|h| (h.name, h.value))
+                .collect(),
+            prefill: c.prefill,
         })
     }
 
     /// Chooses the units for `req` and counts its load.
-    fn decide_route(&self, req: &RouteRequest) -> Result<Routed, Rejected> {
+    fn decide_route(&self, req: &Question) -> Result<Choice, Unrouted> {
         let started = Instant::now();
         let serving_role = Role::serving(self.options.mode);
         let serving = self.registry.available(serving_role);
@@ -147,17 +99,16 @@ impl Engine {
                 return Err(self.no_workers(serving_role));
             }
             let index = self.info_turn.fetch_add(1, Ordering::Relaxed) % serving.len();
-            return Ok(Routed {
+            return Ok(Choice {
                 plan: retry::plan(&serving, index, &self.options.retry),
                 ticket: 0,
                 inject: Vec::new(),
                 stream: false,
-                mode: Mode::Regular,
-                merge_input_logprobs: false,
+                prefill: None,
             });
         }
         let Some(route) = Route::from_path(&req.path) else {
-            return Err(Rejected::error(
+            return Err(rejected(
                 404,
                 "not_found",
                 "this route is not served by the router",
@@ -171,19 +122,18 @@ impl Engine {
         }
         let input = route_input(req);
         let selection = self.policies.regular.select(&serving, &input);
-        let worker = serving.get(selection.index).ok_or_else(Rejected::no_unit)?;
+        let worker = serving.get(selection.index).ok_or_else(no_unit)?;
         let plan = retry::plan(&serving, selection.index, &self.options.retry);
         self.count(&plan, req.ticket, selection.work, input.routing_key, None);
         self.metrics
             .decided(route.path(), selection.cache, elapsed(started));
         debug!(path = %req.path, worker = %worker.url, cache = ?selection.cache, "routed");
-        Ok(Routed {
+        Ok(Choice {
             inject: pd::dp_fields(worker),
             plan,
             ticket: req.ticket,
             stream: req.stream,
-            mode: Mode::Regular,
-            merge_input_logprobs: false,
+            prefill: None,
         })
     }
 
@@ -191,17 +141,17 @@ impl Engine {
     /// request, and sends the decode half back through Envoy.
     fn route_pd(
         &self,
-        req: &RouteRequest,
+        req: &Question,
         route: Route,
         decodes: &[Arc<Worker>],
         started: Instant,
-    ) -> Result<Routed, Rejected> {
+    ) -> Result<Choice, Unrouted> {
         if req.body.is_empty() {
-            return Err(Rejected::NeedBody);
+            // The filter sends bodies only once asked; from then on it always does.
+            return Err(Unrouted::NeedBody);
         }
-        let invalid = |e: sglang_envoy_body::BodyError| {
-            Rejected::error(400, "invalid_request_error", e.to_string())
-        };
+        let invalid =
+            |e: sglang_envoy_body::BodyError| rejected(400, "invalid_request_error", e.to_string());
         let body = RequestBody::parse(&req.body).map_err(invalid)?;
         let prefills = self.registry.available(Role::Prefill);
         if prefills.is_empty() {
@@ -214,7 +164,7 @@ impl Engine {
         let p = self.policies.prefill.select(&prefills, &input);
         let d = self.policies.decode.select(decodes, &input);
         let (Some(prefill), Some(decode)) = (prefills.get(p.index), decodes.get(d.index)) else {
-            return Err(Rejected::no_unit());
+            return Err(no_unit());
         };
         let pd_fields = pd::pd_fields(route, &body, prefill, decode, &self.rids);
         let prefill_body = body
@@ -225,11 +175,7 @@ impl Engine {
         let prefill_half = self.prefill.dispatch(PrefillJob {
             worker: prefill.clone(),
             path: req.path.clone(),
-            headers: req
-                .headers
-                .iter()
-                .map(|h| (h.name.clone(), h.value.clone()))
-                .collect(),
+            headers: req.headers.clone(),
             body: prefill_body,
             want_logprobs,
             work: p.work,
@@ -247,13 +193,14 @@ impl Engine {
         self.metrics
             .decided(route.path(), p.cache, elapsed(started));
         debug!(path = %req.path, prefill = %prefill.url, decode = %decode.url, "routed PD pair");
-        Ok(Routed {
+        Ok(Choice {
             plan,
             ticket: req.ticket,
             inject: pd_fields.decode,
             stream: req.stream,
-            mode: Mode::Pd,
-            merge_input_logprobs: want_logprobs,
+            prefill: Some(FollowPrefill {
+                merge_input_logprobs: want_logprobs,
+            }),
         })
     }
 
@@ -285,14 +232,14 @@ impl Engine {
         }
     }
 
-    fn no_workers(&self, role: Role) -> Rejected {
+    fn no_workers(&self, role: Role) -> Unrouted {
         self.metrics.error("no_healthy_workers");
         let what = match role {
             Role::Regular => "workers",
             Role::Prefill => "prefill workers",
             Role::Decode => "decode workers",
         };
-        Rejected::error(
+        rejected(
             503,
             "service_unavailable",
             format!("no healthy {what} available (each is unhealthy or its circuit is open)"),
@@ -301,7 +248,7 @@ impl Engine {
 }
 
 /// What the policies see of a question.
-fn route_input(req: &RouteRequest) -> RouteInput<'_> {
+fn route_input(req: &Question) -> RouteInput<'_> {
     RouteInput {
         text: &req.routing_text,
         routing_key: RoutingKey::from_header(&req.routing_key),

@@ -1,10 +1,15 @@
 //! The engine's decisions, counts and releases, without a network.
 
-use sglang_envoy_lifecycle::Mode;
+use sglang_envoy_lifecycle::{wire, Mode, Question};
 use sglang_envoy_proto::{route_response, Decision, RouteRequest, RouteResponse};
 
 use super::*;
 use crate::policy::{Policy, RoundRobin};
+
+/// Asks `e` the way the gRPC service does: the contract's types in and out.
+fn route(e: &Engine, req: RouteRequest) -> RouteResponse {
+    wire::response_of(e.route(&Question::from(req)))
+}
 
 fn address(port: u16) -> WorkerAddress {
     WorkerAddress::from(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
@@ -43,13 +48,16 @@ fn engine(n: u16) -> Engine {
 }
 
 fn ask(e: &Engine, ticket: u64) -> RouteResponse {
-    e.route(&RouteRequest {
-        path: "/generate".into(),
-        method: "POST".into(),
-        routing_text: b"hello".to_vec(),
-        ticket,
-        ..Default::default()
-    })
+    route(
+        e,
+        RouteRequest {
+            path: "/generate".into(),
+            method: "POST".into(),
+            routing_text: b"hello".to_vec(),
+            ticket,
+            ..Default::default()
+        },
+    )
 }
 
 fn decision(r: RouteResponse) -> Decision {
@@ -184,7 +192,7 @@ fn manual_policy_keeps_each_key_on_one_dp_rank_and_counts_its_key() {
     for k in 0..16 {
         let key = format!("session-{k}");
         ticket += 1;
-        let first = decision(e.route(&keyed(&key, ticket, b"")));
+        let first = decision(route(&e, keyed(&key, ticket, b"")));
         let keys_here = ranks.entry(first.worker_url.clone()).or_insert(0);
         *keys_here += 1;
         let unit = e.registry().get(&first.worker_url).unwrap();
@@ -195,7 +203,7 @@ fn manual_policy_keeps_each_key_on_one_dp_rank_and_counts_its_key() {
         );
         for _ in 0..3 {
             ticket += 1;
-            let d = decision(e.route(&keyed(&key, ticket, b"")));
+            let d = decision(route(&e, keyed(&key, ticket, b"")));
             assert_eq!(d.worker_url, first.worker_url, "{key} moved");
             assert_eq!(d.inject, first.inject, "same rank injected");
         }
@@ -247,7 +255,7 @@ async fn manual_policy_keeps_a_key_on_its_prefill_and_decode_pair() {
     );
     for k in 0..12 {
         let key = format!("s{k}");
-        let first = decision(e.route(&keyed(&key, 100 + k, body)));
+        let first = decision(route(&e, keyed(&key, 100 + k, body)));
         let prefill_port = |d: &Decision| {
             d.inject
                 .iter()
@@ -255,7 +263,7 @@ async fn manual_policy_keeps_a_key_on_its_prefill_and_decode_pair() {
                 .map(|f| f.json_value.clone())
         };
         for i in 0..3 {
-            let d = decision(e.route(&keyed(&key, 1000 + k * 10 + i, body)));
+            let d = decision(route(&e, keyed(&key, 1000 + k * 10 + i, body)));
             assert_eq!(d.worker_url, first.worker_url, "decode of {key} moved");
             assert_eq!(
                 prefill_port(&d),
@@ -292,14 +300,17 @@ async fn pd_asks_for_the_body_then_decides_and_reports_prefill_failure() {
         Some(route_response::Outcome::NeedBody(_)) => {}
         other => panic!("expected NeedBody, got {other:?}"),
     }
-    let r = e.route(&RouteRequest {
-        path: "/generate".into(),
-        method: "POST".into(),
-        routing_text: b"hello".to_vec(),
-        body: br#"{"text":"hello"}"#.to_vec(),
-        ticket: 2,
-        ..Default::default()
-    });
+    let r = route(
+        &e,
+        RouteRequest {
+            path: "/generate".into(),
+            method: "POST".into(),
+            routing_text: b"hello".to_vec(),
+            body: br#"{"text":"hello"}"#.to_vec(),
+            ticket: 2,
+            ..Default::default()
+        },
+    );
     let d = decision(r);
     assert!(d.await_prefill);
     assert_eq!(d.worker_url, "http://127.0.0.1:2");
@@ -355,13 +366,16 @@ async fn a_request_ending_first_stops_its_prefill() {
             (2, WorkerSpec::Decode, None),
         ],
     );
-    let d = decision(e.route(&RouteRequest {
-        path: "/generate".into(),
-        method: "POST".into(),
-        body: br#"{"text":"hello"}"#.to_vec(),
-        ticket: 3,
-        ..Default::default()
-    }));
+    let d = decision(route(
+        &e,
+        RouteRequest {
+            path: "/generate".into(),
+            method: "POST".into(),
+            body: br#"{"text":"hello"}"#.to_vec(),
+            ticket: 3,
+            ..Default::default()
+        },
+    ));
     assert!(d.await_prefill);
     let prefill = e
         .registry()
@@ -401,13 +415,16 @@ async fn pd_without_prefill_workers_is_503() {
         },
         &[(2, decode, None)],
     );
-    let r = e.route(&RouteRequest {
-        path: "/generate".into(),
-        method: "POST".into(),
-        body: br#"{"text":"x"}"#.to_vec(),
-        ticket: 3,
-        ..Default::default()
-    });
+    let r = route(
+        &e,
+        RouteRequest {
+            path: "/generate".into(),
+            method: "POST".into(),
+            body: br#"{"text":"x"}"#.to_vec(),
+            ticket: 3,
+            ..Default::default()
+        },
+    );
     match r.outcome {
         Some(route_response::Outcome::Rejection(r)) => {
             assert_eq!(r.http_status, 503);

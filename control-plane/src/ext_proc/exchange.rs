@@ -15,7 +15,7 @@ use sglang_envoy_lifecycle::{
     BodyStep, Forward, HeadStep, LocalReply, PrefillStep, Release, RequestHead, ResponseHead,
     ResponseStep, Source, Step, Watch,
 };
-use sglang_envoy_proto::{Header, ROUTING_KEY_HEADER};
+use sglang_envoy_proto::ROUTING_KEY_HEADER;
 use tracing::{debug, warn};
 
 use super::messages::{
@@ -42,7 +42,7 @@ pub(super) enum Next {
 #[derive(Default)]
 pub(super) struct Received {
     /// Headers without pseudo-headers (and without the endpoint header).
-    pub headers: Vec<Header>,
+    pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
@@ -51,7 +51,7 @@ impl Source for Received {
         Cow::Borrowed(&self.body)
     }
 
-    fn headers(&self) -> Vec<Header> {
+    fn headers(&self) -> Vec<(String, String)> {
         self.headers.clone()
     }
 }
@@ -105,15 +105,15 @@ impl Exchange {
                 n if n.starts_with(':') => {}
                 // Only the control plane chooses the worker: a client must not.
                 ENDPOINT_HEADER => {}
-                _ => self.request.headers.push(Header { name, value }),
+                _ => self.request.headers.push((name, value)),
             }
         }
         let header = |name: &str| {
             self.request
                 .headers
                 .iter()
-                .find(|h| h.name == name)
-                .map_or("", |h| h.value.as_str())
+                .find(|(n, _)| n == name)
+                .map_or("", |(_, v)| v.as_str())
         };
         self.declared_body = header("content-length").parse().ok();
         let head = RequestHead {

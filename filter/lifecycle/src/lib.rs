@@ -20,13 +20,16 @@ mod completion;
 pub mod headers;
 pub mod lifecycle;
 pub mod names;
+mod question;
 pub mod random;
 mod reply;
 mod tickets;
+pub mod wire;
 
 pub use answer::{BodyStep, PrefillStep, Release, ResponseHead, ResponseStep, Watch};
 pub use completion::EndFacts;
 pub use lifecycle::{Forward, HeadStep, Lifecycle, Mode, RequestHead, Settings, Source, Step};
+pub use question::{Answer, FollowPrefill, Question, Routed, Unrouted};
 pub use reply::LocalReply;
 pub use tickets::TicketSource;
 

@@ -5,12 +5,12 @@
 use std::borrow::Cow;
 
 use sglang_envoy_body::{too_large, Endpoint, Head, Refusal, RequestBody, Route};
-use sglang_envoy_proto::{
-    route_response, AdmissionOutcome, Decision, Header, RouteRequest, RouteResponse,
-};
+use sglang_envoy_proto::AdmissionOutcome;
 
-use crate::answer::Answer;
+use crate::answer::Answer as AnswerState;
+use crate::question::{Answer, Question, Routed, Unrouted};
 use crate::reply::LocalReply;
+use crate::wire::status_of;
 
 /// What a front door can and cannot do, where the two differ.
 #[derive(Debug, Clone, Copy)]
@@ -57,7 +57,7 @@ pub(crate) enum State {
     /// Admission control queued the request.
     Queued,
     /// The request went on to its worker(s); what its answer still needs.
-    Upstream(Answer),
+    Upstream(AnswerState),
     /// The router answered the client itself.
     Replied,
 }
@@ -86,7 +86,7 @@ pub trait Source {
     /// The whole request body.
     fn body(&self) -> Cow<'_, [u8]>;
     /// The client's headers, without pseudo-headers.
-    fn headers(&self) -> Vec<Header>;
+    fn headers(&self) -> Vec<(String, String)>;
 }
 
 /// What to do after the request head.
@@ -97,7 +97,7 @@ pub enum HeadStep {
     /// An inference request: wait for its whole body.
     ReadBody,
     /// A request routed on its head alone (an info `GET`): ask this.
-    Ask(Box<RouteRequest>),
+    Ask(Box<Question>),
 }
 
 /// What to do after the body, an answer of the control plane, or the end
@@ -105,7 +105,7 @@ pub enum HeadStep {
 #[derive(Debug, PartialEq)]
 pub enum Step {
     /// Send this routing question to the control plane.
-    Ask(Box<RouteRequest>),
+    Ask(Box<Question>),
     /// Admission control queued the request: wait for its slot (up to
     /// `wait_ms`, as the control plane says), still paused.
     AwaitAdmission {
@@ -300,7 +300,7 @@ impl Lifecycle {
     }
 
     /// The control plane answered the question.
-    pub fn on_answer<S: Source>(&mut self, answer: RouteResponse, source: &S) -> Step {
+    pub fn on_answer<S: Source>(&mut self, answer: Answer, source: &S) -> Step {
         let State::Asking { with_body } = self.state else {
             return Step::Reply(LocalReply::new(
                 500,
@@ -308,16 +308,14 @@ impl Lifecycle {
                 "an answer to no question",
             ));
         };
-        match answer.outcome {
-            Some(route_response::Outcome::Decision(d)) => self.apply(d, source),
-            Some(route_response::Outcome::Rejection(r)) => Step::Reply(self.refuse(
-                LocalReply::new(status_of(r.http_status), &r.error_type, r.message),
-            )),
-            Some(route_response::Outcome::Queued(q)) => {
+        match answer {
+            Ok(routed) => self.apply(routed, source),
+            Err(Unrouted::Rejected(reply)) => Step::Reply(self.refuse(reply)),
+            Err(Unrouted::Queued { wait_ms }) => {
                 self.state = State::Queued;
-                Step::AwaitAdmission { wait_ms: q.wait_ms }
+                Step::AwaitAdmission { wait_ms }
             }
-            Some(route_response::Outcome::NeedBody(_)) => {
+            Err(Unrouted::NeedBody) => {
                 if with_body || self.body_bytes == 0 {
                     Step::Reply(self.refuse(LocalReply::new(
                         502,
@@ -328,7 +326,6 @@ impl Lifecycle {
                     self.ask(source, true)
                 }
             }
-            None => Step::Reply(self.refuse(LocalReply::unreadable())),
         }
     }
 
@@ -374,9 +371,9 @@ impl Lifecycle {
         self.state = State::Upstream(match prefill_merge {
             Some(merge) => {
                 self.mode = Mode::Pd;
-                Answer::PrefillRunning { merge }
+                AnswerState::PrefillRunning { merge }
             }
-            None => Answer::Pass,
+            None => AnswerState::Pass,
         });
     }
 
@@ -391,8 +388,8 @@ impl Lifecycle {
 
     /// The question without the body's parts (info requests, and the start
     /// of every question).
-    fn bare_question(&self) -> RouteRequest {
-        RouteRequest {
+    fn bare_question(&self) -> Question {
+        Question {
             path: self.path.clone(),
             method: self.method.clone(),
             request_id: self.request_id.clone(),
@@ -431,7 +428,7 @@ impl Lifecycle {
     }
 
     /// Applies a decision: the edits that send the request on.
-    fn apply<S: Source>(&mut self, decision: Decision, source: &S) -> Step {
+    fn apply<S: Source>(&mut self, decision: Routed, source: &S) -> Step {
         if decision.endpoints.is_empty() {
             return Step::Reply(self.refuse(LocalReply::new(
                 503,
@@ -442,8 +439,13 @@ impl Lifecycle {
         let mut body = None;
         if !decision.inject.is_empty() {
             let original = source.body();
-            let edited = RequestBody::parse(&original)
-                .and_then(|parsed| parsed.with_fields(&decision.inject_pairs()));
+            let fields: Vec<(&str, &str)> = decision
+                .inject
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let edited =
+                RequestBody::parse(&original).and_then(|parsed| parsed.with_fields(&fields));
             match edited {
                 Ok(b) => body = Some(b),
                 Err(e) => {
@@ -452,32 +454,21 @@ impl Lifecycle {
                 }
             }
         }
-        self.state = State::Upstream(if decision.await_prefill {
-            self.mode = Mode::Pd;
-            Answer::PrefillRunning {
-                merge: decision.merge_input_logprobs,
+        self.state = State::Upstream(match decision.prefill {
+            Some(follow) => {
+                self.mode = Mode::Pd;
+                AnswerState::PrefillRunning {
+                    merge: follow.merge_input_logprobs,
+                }
             }
-        } else {
-            Answer::Pass
+            None => AnswerState::Pass,
         });
         Step::Forward(Forward {
             endpoints: decision.endpoints.join(","),
-            headers: decision
-                .request_headers
-                .into_iter()
-                .map(|h| (h.name, h.value))
-                .collect(),
+            headers: decision.request_headers,
             body,
-            await_prefill: decision.await_prefill,
-            worker: decision.worker_url,
+            await_prefill: decision.prefill.is_some(),
+            worker: decision.worker,
         })
     }
-}
-
-/// An HTTP status from the control plane; 503 when it is not one.
-fn status_of(code: u32) -> u16 {
-    u16::try_from(code)
-        .ok()
-        .filter(|s| (100..=599).contains(s))
-        .unwrap_or(503)
 }

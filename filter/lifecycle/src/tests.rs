@@ -4,10 +4,7 @@
 
 use std::borrow::Cow;
 
-use sglang_envoy_proto::{
-    route_response::Outcome, AdmissionOutcome, BodyField, Decision, Header, NeedBody,
-    PrefillOutcome, Queued, Rejection, RouteResponse,
-};
+use sglang_envoy_proto::{AdmissionOutcome, PrefillOutcome, Rejection};
 
 use crate::*;
 
@@ -19,11 +16,8 @@ impl Source for Client {
     fn body(&self) -> Cow<'_, [u8]> {
         Cow::Borrowed(&self.body)
     }
-    fn headers(&self) -> Vec<Header> {
-        vec![Header {
-            name: "traceparent".into(),
-            value: "00-1".into(),
-        }]
+    fn headers(&self) -> Vec<(String, String)> {
+        vec![("traceparent".into(), "00-1".into())]
     }
 }
 
@@ -53,20 +47,17 @@ fn head<'a>(method: &'a str, path: &'a str, end_of_stream: bool) -> RequestHead<
     }
 }
 
-fn decision(pd: bool, merge: bool) -> RouteResponse {
-    RouteResponse {
-        outcome: Some(Outcome::Decision(Decision {
-            endpoints: vec!["10.0.0.1:1".into(), "10.0.0.2:1".into()],
-            worker_url: "http://10.0.0.1:1".into(),
-            inject: vec![BodyField {
-                key: "rid".into(),
-                json_value: "\"gnt-1\"".into(),
-            }],
-            await_prefill: pd,
+fn decision(pd: bool, merge: bool) -> Answer {
+    Ok(Routed {
+        ticket: 7,
+        endpoints: vec!["10.0.0.1:1".into(), "10.0.0.2:1".into()],
+        worker: "http://10.0.0.1:1".into(),
+        inject: vec![("rid".into(), "\"gnt-1\"".into())],
+        request_headers: Vec::new(),
+        prefill: pd.then_some(FollowPrefill {
             merge_input_logprobs: merge,
-            ..Default::default()
-        })),
-    }
+        }),
+    })
 }
 
 /// A POST /generate whose question went out.
@@ -220,33 +211,18 @@ fn a_decision_splices_its_fields_and_keeps_every_other_byte() {
 
 #[test]
 fn rejections_empty_decisions_and_junk_become_replies() {
-    let cases = [
+    let mut empty = decision(false, false).unwrap();
+    empty.endpoints.clear();
+    let cases: [(Answer, u16); 2] = [
         (
-            RouteResponse {
-                outcome: Some(Outcome::Rejection(Rejection {
-                    http_status: 429,
-                    error_type: "rate_limited".into(),
-                    message: "slow down".into(),
-                })),
-            },
+            Err(Unrouted::Rejected(LocalReply::new(
+                429,
+                "rate_limited",
+                "slow down",
+            ))),
             429,
         ),
-        (
-            RouteResponse {
-                outcome: Some(Outcome::Rejection(Rejection {
-                    http_status: 70_000,
-                    ..Default::default()
-                })),
-            },
-            503,
-        ),
-        (
-            RouteResponse {
-                outcome: Some(Outcome::Decision(Decision::default())),
-            },
-            503,
-        ),
-        (RouteResponse { outcome: None }, 502),
+        (Ok(empty), 503),
     ];
     for (answer, status) in cases {
         let mut lc = asked(false);
@@ -265,9 +241,7 @@ fn rejections_empty_decisions_and_junk_become_replies() {
 
 #[test]
 fn a_request_for_the_body_is_answered_once() {
-    let need = || RouteResponse {
-        outcome: Some(Outcome::NeedBody(NeedBody {})),
-    };
+    let need = || Err(Unrouted::NeedBody);
     let mut lc = asked(false);
     let Step::Ask(q) = lc.on_answer(need(), &client()) else {
         panic!("asks again with the body");
@@ -278,9 +252,7 @@ fn a_request_for_the_body_is_answered_once() {
 
 #[test]
 fn admission_queues_then_admits_or_refuses() {
-    let queued = || RouteResponse {
-        outcome: Some(Outcome::Queued(Queued { wait_ms: 500 })),
-    };
+    let queued = || Err(Unrouted::Queued { wait_ms: 500 });
     let mut lc = asked(false);
     assert_eq!(
         lc.on_answer(queued(), &client()),

@@ -6,10 +6,10 @@ use std::time::Duration;
 use log::warn;
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
-use sglang_envoy_lifecycle::{LocalReply, Step};
+use sglang_envoy_lifecycle::{wire, LocalReply, Question, Step, Unrouted};
 use sglang_envoy_proto::{
-    route_response, AdmissionOutcome, AdmissionWait, CompleteRequest, Completion, PrefillOutcome,
-    PrefillWait, RouteRequest, RouteResponse, SERVICE_NAME,
+    AdmissionOutcome, AdmissionWait, CompleteRequest, Completion, PrefillOutcome, PrefillWait,
+    RouteRequest, RouteResponse, SERVICE_NAME,
 };
 
 use super::steps::Flow;
@@ -66,10 +66,10 @@ impl Request {
     }
 
     /// Sends the routing question; its answer arrives in [`Self::answered`].
-    pub(super) fn ask(&mut self, question: RouteRequest) -> Flow {
-        let encoded = question.encode_to_vec();
-        // The question may be as large as the body: gone before we wait.
-        drop(question);
+    pub(super) fn ask(&mut self, question: Question) -> Flow {
+        // The question may be as large as the body: it is gone (moved into
+        // the message, dropped with it) before we wait.
+        let encoded = RouteRequest::from(question).encode_to_vec();
         if self.call("Route", &encoded, self.route_timeout(), Call::Route) {
             return Flow::Wait;
         }
@@ -155,8 +155,9 @@ impl Request {
             }
             Call::Route => {
                 let step = match self.answer::<RouteResponse>(grpc_status, size) {
-                    Some(Ok(answer)) => {
-                        if let Some(route_response::Outcome::NeedBody(_)) = answer.outcome {
+                    Some(Ok(response)) => {
+                        let answer = wire::answer_of(response);
+                        if let Err(Unrouted::NeedBody) = answer {
                             // From now on every question of this VM carries it.
                             self.shared.send_body.set(true);
                         }

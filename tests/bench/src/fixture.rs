@@ -16,7 +16,7 @@ use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::policy::{CacheAware, CacheAwareConfig, Policy};
 use sglang_envoy_control_plane::tree::Tree;
 use sglang_envoy_control_plane::workers::{Registry, WorkerAddress, WorkerSpec};
-use sglang_envoy_proto::{route_response, RouteRequest, RouteResponse};
+use sglang_envoy_lifecycle::{Answer, Question};
 
 use crate::params::{engine_docs, EngineParams, SEED};
 use crate::workload::{Documents, Prompts};
@@ -57,8 +57,8 @@ pub fn engine(workers: usize, policy: Arc<dyn Policy>) -> anyhow::Result<Engine>
 
 /// A chat completion route request carrying `text` (ticket 0: the load is
 /// released at once, as if the request had ended).
-pub fn request(text: Vec<u8>) -> RouteRequest {
-    RouteRequest {
+pub fn request(text: Vec<u8>) -> Question {
+    Question {
         path: "/v1/chat/completions".into(),
         method: "POST".into(),
         body_bytes: text.len() as u64 + 64,
@@ -69,8 +69,8 @@ pub fn request(text: Vec<u8>) -> RouteRequest {
 }
 
 /// True when `r` is a decision (not a rejection).
-pub fn is_decision(r: &RouteResponse) -> bool {
-    matches!(r.outcome, Some(route_response::Outcome::Decision(_)))
+pub fn is_decision(r: &Answer) -> bool {
+    r.is_ok()
 }
 
 /// Documents routed per worker count so that each worker holds about

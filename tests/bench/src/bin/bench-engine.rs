@@ -136,7 +136,7 @@ fn main() -> anyhow::Result<()> {
             // Warm up caches and code paths.
             for _ in 0..(p.timed_decisions / 10).max(100) {
                 let r = fx.engine.route(&fixture::request(prompts.next_prompt()));
-                std::hint::black_box(r);
+                let _ = std::hint::black_box(r);
             }
             let mut us = Vec::with_capacity(p.timed_decisions);
             for _ in 0..p.timed_decisions {

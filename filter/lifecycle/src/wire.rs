@@ -1,0 +1,175 @@
+//! The lifecycle's questions and answers as the gRPC contract carries them
+//! (`proto/router.proto`): the one place they are converted.
+
+use sglang_envoy_proto::{
+    route_response::Outcome, BodyField, Decision, Header, NeedBody, Queued, Rejection,
+    RouteRequest, RouteResponse,
+};
+
+use crate::question::{Answer, FollowPrefill, Question, Routed, Unrouted};
+use crate::reply::LocalReply;
+
+impl From<RouteRequest> for Question {
+    fn from(r: RouteRequest) -> Self {
+        Question {
+            path: r.path,
+            method: r.method,
+            request_id: r.request_id,
+            routing_key: r.routing_key,
+            routing_text: r.routing_text,
+            stream: r.stream,
+            body_bytes: r.body_bytes,
+            ticket: r.ticket,
+            headers: r.headers.into_iter().map(|h| (h.name, h.value)).collect(),
+            body: r.body,
+        }
+    }
+}
+
+impl From<Question> for RouteRequest {
+    fn from(q: Question) -> Self {
+        RouteRequest {
+            path: q.path,
+            method: q.method,
+            request_id: q.request_id,
+            routing_key: q.routing_key,
+            routing_text: q.routing_text,
+            stream: q.stream,
+            body_bytes: q.body_bytes,
+            ticket: q.ticket,
+            headers: q
+                .headers
+                .into_iter()
+                .map(|(name, value)| Header { name, value })
+                .collect(),
+            body: q.body,
+        }
+    }
+}
+
+/// The answer a `RouteResponse` carries; an unreadable one is a 502.
+pub fn answer_of(response: RouteResponse) -> Answer {
+    match response.outcome {
+        Some(Outcome::Decision(d)) => Ok(Routed {
+            ticket: d.ticket,
+            endpoints: d.endpoints,
+            worker: d.worker_url,
+            inject: d
+                .inject
+                .into_iter()
+                .map(|f| (f.key, f.json_value))
+                .collect(),
+            request_headers: d
+                .request_headers
+                .into_iter()
+                .map(|h| (h.name, h.value))
+                .collect(),
+            prefill: d.await_prefill.then_some(FollowPrefill {
+                merge_input_logprobs: d.merge_input_logprobs,
+            }),
+        }),
+        Some(Outcome::Rejection(r)) => Err(Unrouted::Rejected(LocalReply::new(
+            status_of(r.http_status),
+            &r.error_type,
+            r.message,
+        ))),
+        Some(Outcome::Queued(q)) => Err(Unrouted::Queued { wait_ms: q.wait_ms }),
+        Some(Outcome::NeedBody(_)) => Err(Unrouted::NeedBody),
+        None => Err(Unrouted::Rejected(LocalReply::unreadable())),
+    }
+}
+
+/// `answer` as a `RouteResponse`.
+pub fn response_of(answer: Answer) -> RouteResponse {
+    let outcome = match answer {
+        Ok(r) => Outcome::Decision(Decision {
+            ticket: r.ticket,
+            endpoints: r.endpoints,
+            worker_url: r.worker,
+            inject: r
+                .inject
+                .into_iter()
+                .map(|(key, json_value)| BodyField { key, json_value })
+                .collect(),
+            await_prefill: r.prefill.is_some(),
+            merge_input_logprobs: r.prefill.is_some_and(|p| p.merge_input_logprobs),
+            request_headers: r
+                .request_headers
+                .into_iter()
+                .map(|(name, value)| Header { name, value })
+                .collect(),
+        }),
+        Err(Unrouted::Rejected(reply)) => Outcome::Rejection(Rejection {
+            http_status: u32::from(reply.status),
+            error_type: reply.kind,
+            message: reply.message,
+        }),
+        Err(Unrouted::Queued { wait_ms }) => Outcome::Queued(Queued { wait_ms }),
+        Err(Unrouted::NeedBody) => Outcome::NeedBody(NeedBody {}),
+    };
+    RouteResponse {
+        outcome: Some(outcome),
+    }
+}
+
+/// An HTTP status from the wire; 503 when it is not one.
+pub fn status_of(code: u32) -> u16 {
+    u16::try_from(code)
+        .ok()
+        .filter(|s| (100..=599).contains(s))
+        .unwrap_or(503)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_survive_the_wire() {
+        let answers: Vec<Answer> = vec![
+            Ok(Routed {
+                ticket: 9,
+                endpoints: vec!["10.0.0.1:1".into(), "10.0.0.2:1".into()],
+                worker: "http://10.0.0.1:1".into(),
+                inject: vec![("rid".into(), "\"x\"".into())],
+                request_headers: vec![("x-envoy-max-retries".into(), "1".into())],
+                prefill: Some(FollowPrefill {
+                    merge_input_logprobs: true,
+                }),
+            }),
+            Err(Unrouted::Rejected(LocalReply::new(
+                429,
+                "rate_limited",
+                "slow",
+            ))),
+            Err(Unrouted::Queued { wait_ms: 7 }),
+            Err(Unrouted::NeedBody),
+        ];
+        for a in answers {
+            assert_eq!(answer_of(response_of(a.clone())), a);
+        }
+        assert_eq!(
+            answer_of(RouteResponse { outcome: None }),
+            Err(Unrouted::Rejected(LocalReply::unreadable()))
+        );
+        let odd = RouteResponse {
+            outcome: Some(Outcome::Rejection(Rejection {
+                http_status: 70_000,
+                ..Default::default()
+            })),
+        };
+        assert!(matches!(answer_of(odd), Err(Unrouted::Rejected(r)) if r.status == 503));
+    }
+
+    #[test]
+    fn questions_survive_the_wire() {
+        let q = Question {
+            path: "/generate".into(),
+            headers: vec![("traceparent".into(), "00-1".into())],
+            body: b"{}".to_vec(),
+            ticket: 4,
+            ..Default::default()
+        };
+        assert_eq!(Question::from(RouteRequest::from(q.clone())), q);
+    }
+}
