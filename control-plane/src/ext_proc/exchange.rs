@@ -242,7 +242,7 @@ impl Exchange {
                     // Counted before the client sees the answer.
                     self.engine.record_outcome(&failure);
                 }
-                send(self.release(release, head.end_of_stream))
+                send(self.release(release))
             }
             ResponseStep::Hold { grace } => Next::Hold { grace },
         }
@@ -251,7 +251,8 @@ impl Exchange {
     /// Lets the answer's head go; a JSON answer not watched further is
     /// complete at the worker once its head comes (SGLang writes it in one
     /// go, and Envoy holds it by then).
-    fn release(&mut self, release: Release, ended: bool) -> ProcessingResponse {
+    fn release(&mut self, release: Release) -> ProcessingResponse {
+        let ended = self.lc.response_ended();
         if ended || release.watch == Watch::Nothing {
             self.lc.on_response_end();
         }
@@ -268,7 +269,7 @@ impl Exchange {
                     // Nothing of the body is shown while the head is held.
                     warn!(path = %self.lc.path(), "a merge with no body held; ignored");
                 }
-                send(self.release(release, false))
+                send(self.release(release))
             }
         }
     }

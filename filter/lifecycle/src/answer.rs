@@ -341,6 +341,11 @@ impl Lifecycle {
         )
     }
 
+    /// The answer has been seen to end.
+    pub fn response_ended(&self) -> bool {
+        self.response_done
+    }
+
     /// The answer is known to have ended (its trailers came, or ext_proc
     /// stops watching a JSON answer whose head went).
     pub fn on_response_end(&mut self) {
