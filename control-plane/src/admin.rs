@@ -335,6 +335,14 @@ async fn readiness(State(s): State<AdminState>) -> Response {
     Json(json!({ "status": "ready", "healthy_workers": healthy })).into_response()
 }
 
+/// `/metrics` alone, for `--prometheus-port`.
+pub fn metrics_router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
 async fn metrics(State(s): State<AdminState>) -> Response {
     let body = s
         .engine

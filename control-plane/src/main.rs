@@ -39,6 +39,9 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse_args();
     args.validate().map_err(anyhow::Error::msg)?;
     init_logging(&args)?;
+    for note in &args.peer_notes {
+        warn!("{note}");
+    }
     if args.admin_token.is_none() {
         warn!("no --admin-token: anyone who reaches the admin API can add and remove workers");
     }
@@ -164,20 +167,36 @@ impl Router {
         let listener = tokio::net::TcpListener::bind(admin_addr)
             .await
             .with_context(|| format!("cannot listen on {admin_addr}"))?;
-        let admin = axum::serve(
-            listener,
-            admin::router(admin::AdminState {
-                engine,
-                health,
-                enrollment,
-                token: args.admin_token.as_deref().map(Arc::from),
-            }),
-        );
+        let state = admin::AdminState {
+            engine,
+            health,
+            enrollment,
+            token: args.admin_token.as_deref().map(Arc::from),
+        };
+        let prometheus = match args.prometheus_port {
+            Some(port) => {
+                let addr = SocketAddr::new(args.prometheus_host.unwrap_or(args.host), port);
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (--prometheus-port)"))?;
+                info!(%addr, "metrics also served here");
+                Some(axum::serve(listener, admin::metrics_router(state.clone())))
+            }
+            None => None,
+        };
+        let admin = axum::serve(listener, admin::router(state));
         info!(%grpc_addr, %admin_addr, "control plane listening");
 
+        let prometheus = async move {
+            match prometheus {
+                Some(server) => server.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             r = grpc => r.context("gRPC server failed")?,
             r = admin => r.context("admin server failed")?,
+            r = prometheus => r.context("metrics server failed")?,
             _ = tokio::signal::ctrl_c() => info!("shutting down"),
         }
         Ok(())

@@ -316,6 +316,20 @@ pub struct Args {
     /// Log level: trace, debug, info, warn, error.
     #[arg(long, default_value = "info")]
     pub log_level: String,
+
+    /// Also serve `/metrics` on this port (as sglang-router does, where it
+    /// is the only place); they are always on `--admin-port` too.
+    #[arg(long)]
+    pub prometheus_port: Option<u16>,
+
+    /// Listen address of `--prometheus-port` (default: `--host`).
+    #[arg(long)]
+    pub prometheus_host: Option<IpAddr>,
+
+    /// What became of sglang-router flags accepted in another form
+    /// (filled by [`Args::try_parse_args`], see `peer_flags.rs`).
+    #[arg(skip)]
+    pub peer_notes: Vec<String>,
 }
 
 impl Args {
@@ -325,13 +339,19 @@ impl Args {
     }
 
     /// Parses `argv`, keeping each `--prefill URL [PORT]` as one group.
+    /// sglang-router's flags that this router does not take are screened
+    /// first (`peer_flags.rs`): accepted with a note, or refused by name.
     pub fn try_parse_args<I, T>(argv: I) -> Result<Args, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
+        let argv = argv.into_iter().map(Into::into).collect();
+        let (argv, notes) = peer_flags::screen(argv)
+            .map_err(|e| Args::command().error(clap::error::ErrorKind::UnknownArgument, e))?;
         let matches = Args::command().try_get_matches_from(argv)?;
         let mut args = Args::from_arg_matches(&matches)?;
+        args.peer_notes = notes;
         args.prefill_groups = matches
             .get_occurrences::<String>("prefill")
             .map(|groups| groups.map(|g| g.cloned().collect()).collect())
@@ -506,5 +526,8 @@ pub fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
     }
 }
 
+pub mod peer_flags;
+#[cfg(test)]
+mod peer_flags_tests;
 #[cfg(test)]
 mod tests;

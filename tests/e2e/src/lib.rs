@@ -16,8 +16,8 @@ mod tls;
 pub use envoy_config::{EnvoyConfig, EnvoyEnv};
 pub use process::{free_port, Proc};
 pub use stack::{
-    hosts_file_supported, venv_python, FrontDoor, PdOptions, SimWorker, Stack, StackOptions,
-    KV_TIMEOUT_MS,
+    hosts_file_supported, release_bin, venv_python, FrontDoor, PdOptions, SimWorker, Stack,
+    StackOptions, KV_TIMEOUT_MS,
 };
 pub use tls::{envoy_tls_env, WorkerTls};
 

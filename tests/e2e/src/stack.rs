@@ -12,7 +12,8 @@ use crate::{repo_root, wait_until};
 
 static STACKS: AtomicUsize = AtomicUsize::new(0);
 
-fn release_bin(name: &str) -> PathBuf {
+/// A binary built by `scripts/test.sh` (`target/release`).
+pub fn release_bin(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target"));

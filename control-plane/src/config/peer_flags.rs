@@ -1,0 +1,203 @@
+//! sglang-router 0.3.2's flags that this router does not take as its own,
+//! and its answer to each. A launch line copied from an sglang-router
+//! deployment either starts this router or stops at the first flag it
+//! cannot honour, with a message naming the flag and the README's
+//! "sglang-router flags" table, which lists the same answers.
+//!
+//! Flags given with sglang-router's default value change nothing and are
+//! accepted whatever the answer (launch lines often spell defaults out).
+
+use std::ffi::OsString;
+
+/// How many values a flag takes (as sglang-router's argparse defines it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Values {
+    /// None: a switch.
+    Switch,
+    /// Exactly one.
+    One,
+    /// Any number, up to the next flag.
+    Many,
+}
+
+/// This router's answer to one of sglang-router's flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Accepted: what it asks for is done another way (how).
+    Elsewhere(&'static str),
+    /// Refused: a router inside Envoy has no use for it (why).
+    NotApplicable(&'static str),
+    /// Refused: not built yet (what to do meanwhile).
+    NotYet(&'static str),
+}
+
+impl Answer {
+    /// The answer's name in the README table.
+    pub fn label(self) -> &'static str {
+        match self {
+            Answer::Elsewhere(_) => "supported differently",
+            Answer::NotApplicable(_) => "not applicable",
+            Answer::NotYet(_) => "not supported yet",
+        }
+    }
+
+    /// Why, or how.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Answer::Elsewhere(r) | Answer::NotApplicable(r) | Answer::NotYet(r) => r,
+        }
+    }
+}
+
+/// One of sglang-router's flags and this router's answer.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerFlag {
+    /// `--name`
+    pub name: &'static str,
+    /// How many values it takes.
+    pub values: Values,
+    /// sglang-router's default, as text (empty: none).
+    pub default: &'static str,
+    /// This router's answer.
+    pub answer: Answer,
+}
+
+const fn flag(
+    name: &'static str,
+    values: Values,
+    default: &'static str,
+    answer: Answer,
+) -> PeerFlag {
+    PeerFlag {
+        name,
+        values,
+        default,
+        answer,
+    }
+}
+
+use Answer::{Elsewhere, NotApplicable, NotYet};
+use Values::{Many, One, Switch};
+
+const TOKENIZER: &str = "the router inside Envoy forwards HTTP: it does not tokenize, apply chat templates or parse model output (SGLang workers do)";
+const HISTORY: &str = "the router keeps no conversation history: it forwards the OpenAI/SGLang endpoints to workers and stores nothing";
+const DISCOVERY: &str = "Kubernetes service discovery is not built yet: register workers with --worker-urls/--prefill/--decode, the /workers admin API, or the deploy recipes";
+const AUTH: &str = "client authentication is not built yet: put Envoy's jwt_authn or ext_authz filter in front of the router filter";
+const TLS: &str = "clients reach Envoy's listener, which is where TLS to clients belongs; the Envoy configs here listen in plaintext (add a DownstreamTlsContext to the listener), and the flag is refused so that a launch line never serves plaintext where TLS was meant";
+
+/// sglang-router 0.3.2's flags this router does not parse itself.
+pub const PEER_FLAGS: &[PeerFlag] = &[
+    flag("--port", One, "30000", Elsewhere("clients reach Envoy's listener, whose port is set where Envoy is configured (PORT for scripts/quickstart.sh, the listener in envoy/envoy.yaml); the control plane listens on --admin-port and --grpc-port")),
+    flag("--bucket-adjust-interval-secs", One, "5", NotYet("the bucket prefill policy is not built yet; use another --prefill-policy")),
+    flag("--enable-igw", Switch, "", NotApplicable("one router serves one model's workers; route several models with an Envoy route (and a router) per model")),
+    flag("--mini-lb", Switch, "", NotApplicable("sglang-router's Python debugging balancer")),
+    flag("--log-dir", One, "", Elsewhere("logs go to standard output, for the container runtime or systemd to keep")),
+    flag("--service-discovery", Switch, "", NotYet(DISCOVERY)),
+    flag("--selector", Many, "{}", NotYet(DISCOVERY)),
+    flag("--service-discovery-port", One, "80", NotYet(DISCOVERY)),
+    flag("--service-discovery-namespace", One, "", NotYet(DISCOVERY)),
+    flag("--prefill-selector", Many, "{}", NotYet(DISCOVERY)),
+    flag("--decode-selector", Many, "{}", NotYet(DISCOVERY)),
+    flag("--prometheus-duration-buckets", Many, "", NotYet("duration histograms use fixed buckets")),
+    flag("--request-id-headers", Many, "", Elsewhere("Envoy keeps a client's x-request-id (and makes one when it is missing), and every client header reaches the worker unchanged")),
+    flag("--shutdown-grace-period-secs", One, "180", Elsewhere("requests in flight belong to Envoy, which drains them on its own shutdown (--drain-time-s); while the control plane is away the filter keeps routing from its last worker list")),
+    flag("--cors-allowed-origins", Many, "[]", NotYet("add Envoy's CORS filter to the listener")),
+    flag("--disable-health-check", Switch, "", NotYet("health checks always run; --health-check-interval-secs spaces them out")),
+    flag("--model-path", One, "", NotApplicable(TOKENIZER)),
+    flag("--tokenizer-path", One, "", NotApplicable(TOKENIZER)),
+    flag("--chat-template", One, "", NotApplicable(TOKENIZER)),
+    flag("--tokenizer-cache-enable-l0", Switch, "", NotApplicable(TOKENIZER)),
+    flag("--tokenizer-cache-l0-max-entries", One, "10000", NotApplicable(TOKENIZER)),
+    flag("--tokenizer-cache-enable-l1", Switch, "", NotApplicable(TOKENIZER)),
+    flag("--tokenizer-cache-l1-max-memory", One, "52428800", NotApplicable(TOKENIZER)),
+    flag("--reasoning-parser", One, "", NotApplicable(TOKENIZER)),
+    flag("--tool-call-parser", One, "", NotApplicable(TOKENIZER)),
+    flag("--mcp-config-path", One, "", NotApplicable("the router does not call MCP tools: it forwards requests to SGLang workers")),
+    flag("--backend", One, "sglang", NotApplicable("the router routes SGLang workers only (sglang, the default, is accepted)")),
+    flag("--history-backend", One, "memory", NotApplicable(HISTORY)),
+    flag("--oracle-wallet-path", One, "", NotApplicable(HISTORY)),
+    flag("--oracle-tns-alias", One, "", NotApplicable(HISTORY)),
+    flag("--oracle-connect-descriptor", One, "", NotApplicable(HISTORY)),
+    flag("--oracle-username", One, "", NotApplicable(HISTORY)),
+    flag("--oracle-password", One, "", NotApplicable(HISTORY)),
+    flag("--oracle-pool-min", One, "1", NotApplicable(HISTORY)),
+    flag("--oracle-pool-max", One, "16", NotApplicable(HISTORY)),
+    flag("--oracle-pool-timeout-secs", One, "30", NotApplicable(HISTORY)),
+    flag("--postgres-db-url", One, "", NotApplicable(HISTORY)),
+    flag("--postgres-pool-max", One, "16", NotApplicable(HISTORY)),
+    flag("--redis-url", One, "", NotApplicable(HISTORY)),
+    flag("--redis-pool-max", One, "16", NotApplicable(HISTORY)),
+    flag("--redis-retention-days", One, "30", NotApplicable(HISTORY)),
+    flag("--tls-cert-path", One, "", NotYet(TLS)),
+    flag("--tls-key-path", One, "", NotYet(TLS)),
+    flag("--enable-trace", Switch, "", NotYet("OpenTelemetry tracing is not built yet; Envoy's own tracing can be configured on its listener")),
+    flag("--otlp-traces-endpoint", One, "localhost:4317", NotYet("OpenTelemetry tracing is not built yet")),
+    flag("--api-key", One, "", NotYet("the router does not add an API key to its calls to workers yet; clients' own Authorization headers do reach the workers")),
+    flag("--control-plane-api-keys", Many, "[]", NotYet("the admin API takes one bearer token: --admin-token")),
+    flag("--control-plane-audit-enabled", Switch, "", NotYet("admin changes are logged at info level, without a separate audit log")),
+    flag("--jwt-issuer", One, "", NotYet(AUTH)),
+    flag("--jwt-audience", One, "", NotYet(AUTH)),
+    flag("--jwt-jwks-uri", One, "", NotYet(AUTH)),
+    flag("--jwt-role-mapping", Many, "[]", NotYet(AUTH)),
+];
+
+/// The table entry of `name`.
+pub fn find(name: &str) -> Option<&'static PeerFlag> {
+    PEER_FLAGS.iter().find(|f| f.name == name)
+}
+
+/// Takes sglang-router's flags out of `argv`: those accepted (answered
+/// `Elsewhere`, or given their default value) are removed, with a note to
+/// log for each; the first refused one is an error naming it.
+pub fn screen(argv: Vec<OsString>) -> Result<(Vec<OsString>, Vec<String>), String> {
+    let mut kept = Vec::with_capacity(argv.len());
+    let mut notes = Vec::new();
+    let mut rest = argv.into_iter().peekable();
+    while let Some(arg) = rest.next() {
+        let text = arg.to_string_lossy().into_owned();
+        let (name, inline) = match text.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
+            _ => (text.clone(), None),
+        };
+        let Some(peer) = find(&name) else {
+            kept.push(arg);
+            continue;
+        };
+        let is_flag = |a: &OsString| a.to_string_lossy().starts_with("--");
+        let mut values: Vec<String> = inline.into_iter().collect();
+        match peer.values {
+            Values::Switch => {}
+            Values::One if values.is_empty() => {
+                if let Some(v) = rest.next_if(|a| !is_flag(a)) {
+                    values.push(v.to_string_lossy().into_owned());
+                }
+            }
+            Values::One => {}
+            Values::Many => {
+                while let Some(v) = rest.next_if(|a| !is_flag(a)) {
+                    values.push(v.to_string_lossy().into_owned());
+                }
+            }
+        }
+        let default = match peer.values {
+            Values::Switch => false,
+            Values::One => values.len() == 1 && values[0] == peer.default,
+            Values::Many => values.is_empty(),
+        };
+        match peer.answer {
+            Answer::Elsewhere(how) => notes.push(format!("{name} (sglang-router's): {how}")),
+            _ if default => notes.push(format!(
+                "{name} has sglang-router's default value and changes nothing here"
+            )),
+            answer => {
+                return Err(format!(
+                    "{name} is an sglang-router flag this router does not take ({}): {}. \
+                     See the README, section \"sglang-router flags\", row {name}.",
+                    answer.label(),
+                    answer.reason()
+                ))
+            }
+        }
+    }
+    Ok((kept, notes))
+}
