@@ -317,6 +317,12 @@ pub struct Args {
     #[arg(long, default_value = "info")]
     pub log_level: String,
 
+    /// No health checks: every worker is healthy from its registration on
+    /// (sglang-router's `--disable-health-check`); circuit breakers still
+    /// take a failing worker out.
+    #[arg(long)]
+    pub disable_health_check: bool,
+
     /// Also serve `/metrics` on this port (as sglang-router does, where it
     /// is the only place); they are always on `--admin-port` too.
     #[arg(long)]

@@ -102,7 +102,6 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--request-id-headers", Many, "", Elsewhere("Envoy keeps a client's x-request-id (and makes one when it is missing), and every client header reaches the worker unchanged")),
     flag("--shutdown-grace-period-secs", One, "180", Elsewhere("requests in flight belong to Envoy, which drains them on its own shutdown (--drain-time-s); while the control plane is away the filter keeps routing from its last worker list")),
     flag("--cors-allowed-origins", Many, "[]", NotYet("add Envoy's CORS filter to the listener")),
-    flag("--disable-health-check", Switch, "", NotYet("health checks always run; --health-check-interval-secs spaces them out")),
     flag("--model-path", One, "", NotApplicable(TOKENIZER)),
     flag("--tokenizer-path", One, "", NotApplicable(TOKENIZER)),
     flag("--chat-template", One, "", NotApplicable(TOKENIZER)),

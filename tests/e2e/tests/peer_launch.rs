@@ -91,3 +91,39 @@ fn a_flag_this_router_cannot_honour_stops_it_with_the_flag_named() {
         );
     }
 }
+
+#[tokio::test]
+async fn disable_health_check_routes_to_workers_whose_health_endpoint_fails() {
+    let stack = Stack::start(StackOptions {
+        workers: 2,
+        cp_args: vec![
+            "--disable-health-check".into(),
+            "--health-check-endpoint".into(),
+            "/no-such-path".into(),
+        ],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // Probed, these workers would never be healthy: the path is a 404.
+    let probe = reqwest::get(format!(
+        "http://{}/no-such-path",
+        stack.workers[0].address()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(probe.status(), 404);
+    let workers = stack.get_json("/workers").await;
+    let listed = workers["workers"].as_array().unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|w| w["healthy"] == true), "{workers}");
+    for i in 0..4 {
+        let r = reqwest::Client::new()
+            .post(stack.url("/generate"))
+            .json(&json!({"text": format!("hello {i}"), "sampling_params": {"max_new_tokens": 1}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+}
