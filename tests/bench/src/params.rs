@@ -94,7 +94,8 @@ pub struct OverheadParams {
     /// Measured time per cell.
     pub measure: Duration,
     /// Every cell runs each contender this many times, in alternating order
-    /// (A B C, C B A, ...); the table shows the median round.
+    /// (A B C, C B A, ...); the table shows the round whose req/s is the
+    /// nearest-rank median, which of two rounds is the slower one.
     pub rounds: usize,
     /// `max_tokens` of each request (the worker answers at once anyway).
     pub max_tokens: u32,
@@ -113,10 +114,10 @@ pub struct OverheadParams {
 /// With perfect affinity each worker's working set is its groups' system
 /// prompts plus its active users' histories (~15k tokens), which fits the
 /// 20k-token cache; spreading every user over every worker needs ~4x that,
-/// which does not. At 12 requests/s and ~66 ms of prefill each, 4 workers
-/// are ~20% busy with perfect caching; misses add to that, and the rate was
-/// calibrated so the peer's cache_aware keeps them around 70% busy (see
-/// docs/benchmarks.md, column "busy").
+/// which does not. At 36 requests/s (`rate`) and ~66 ms of prefill each,
+/// 4 workers are ~60% busy prefilling with perfect caching; misses add to
+/// that (docs/benchmarks.md, column "busy"). Decoding is not counted: the
+/// simulator decodes any number of requests at once.
 #[derive(Debug, Clone)]
 pub struct QualityParams {
     /// Simulated workers.

@@ -259,7 +259,7 @@ fn render_overhead(w: &mut String, rows: &[OverheadRow], profile: &Profile) {
          {} distinct bodies per size sharing a system prompt. Closed loop: N \
          clients on keep-alive connections, each sending its next request when the \
          last answer is read; {:?} warm-up, then {:?} measured; {} round(s) per \
-         cell in alternating contender order, median round shown. `direct` is the \
+         cell in alternating contender order; the round shown is the nearest-rank median by req/s (of two rounds, the slower). `direct` is the \
          worker itself (the floor); `envoy alone` is `envoy/envoy.yaml` without \
          the wasm filter (Envoy's round robin over the same EDS endpoints): the \
          floor of any router living inside Envoy, so `ours` minus `envoy alone` is \

@@ -13,7 +13,8 @@ use crate::procs::{self, Paths, Sims};
 use crate::stats::{median, Percentiles};
 use crate::workload;
 
-/// One scenario 1 cell for one contender (median round).
+/// One scenario 1 cell for one contender (its nearest-rank median round:
+/// of two rounds, the slower).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OverheadRow {
     /// Contender label.
@@ -22,9 +23,9 @@ pub struct OverheadRow {
     pub body_bytes: usize,
     /// Closed-loop clients.
     pub concurrency: usize,
-    /// Requests per second (median over rounds).
+    /// Requests per second (nearest-rank median over rounds).
     pub rps: f64,
-    /// Latency percentiles in ms, of the median-rps round.
+    /// Latency percentiles in ms, of that round.
     pub latency_ms: Percentiles,
     /// Failed requests over all rounds.
     pub errors: u64,
