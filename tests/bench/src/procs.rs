@@ -242,7 +242,8 @@ fn without_filter(template: &str) -> anyhow::Result<String> {
     let t = cut(
         template,
         "              # BEGIN admin-routes",
-        "              # Everything else",
+        // The end marker stays, a comment.
+        "              # END admin-routes",
     )?;
     cut(
         &t,
@@ -393,4 +394,24 @@ async fn start_ours(
         base,
         procs: vec![envoy, cp],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cut follows the shipped config (it broke silently once when the
+    /// admin routes' end marker changed).
+    #[test]
+    fn envoy_alone_is_the_shipped_config_without_filter_and_admin_routes() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../envoy/envoy.yaml");
+        let full = std::fs::read_to_string(path).unwrap();
+        let alone = without_filter(&full).unwrap();
+        for gone in ["name: sglang.router", "*to_admin", "&no_router_filter"] {
+            assert!(full.contains(gone) && !alone.contains(gone), "{gone}");
+        }
+        for kept in ["envoy.filters.http.router", "path: /v1/chat/completions"] {
+            assert!(alone.contains(kept), "{kept}");
+        }
+    }
 }
