@@ -17,6 +17,10 @@ pub struct EnvoyRequest {
 }
 
 impl Source for EnvoyRequest {
+    fn body_len(&self) -> usize {
+        self.body_bytes
+    }
+
     fn body(&self) -> Cow<'_, [u8]> {
         let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, self.body_bytes)
             .ok()

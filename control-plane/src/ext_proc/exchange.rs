@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use sglang_envoy_body::over_budget;
 use sglang_envoy_lifecycle::names::ENDPOINT_HEADER;
 use sglang_envoy_lifecycle::{
-    BodyStep, Forward, HeadStep, LocalReply, PrefillStep, Release, RequestHead, ResponseHead,
+    BodyStep, Forward, HeadStep, LocalReply, Mode, PrefillStep, Release, RequestHead, ResponseHead,
     ResponseStep, Source, Step, Watch,
 };
 use sglang_envoy_proto::ROUTING_KEY_HEADER;
@@ -47,6 +47,10 @@ pub(super) struct Received {
 }
 
 impl Source for Received {
+    fn body_len(&self) -> usize {
+        self.body.len()
+    }
+
     fn body(&self) -> Cow<'_, [u8]> {
         Cow::Borrowed(&self.body)
     }
@@ -156,8 +160,7 @@ impl Exchange {
             return self.reply(over_budget().into());
         }
         self.request.body = b.body;
-        // The control plane has the body already: it always gets it.
-        let step = self.lc.on_body(&self.request, true);
+        let step = self.lc.on_body(&self.request, self.attach_body());
         self.step(step)
     }
 
@@ -171,7 +174,11 @@ impl Exchange {
                     self.lc.on_answer(answer, &self.request)
                 }
                 Step::AwaitAdmission { .. } => return Next::AwaitAdmission,
-                Step::Forward(f) => return send(self.forward(f)),
+                Step::Forward(f) => {
+                    // Decided: the body is Envoy's alone again.
+                    self.request.body = Vec::new();
+                    return send(self.forward(f));
+                }
                 Step::Reply(r) => return self.reply(r),
                 // The engine always answers.
                 Step::Fallback => {
@@ -181,6 +188,13 @@ impl Exchange {
                 }
             }
         }
+    }
+
+    /// Whether questions carry the body and headers: only the PD engine
+    /// reads them (it builds the prefill half); regular decisions need the
+    /// routing text alone, and copying a large body for nothing costs.
+    pub(super) fn attach_body(&self) -> bool {
+        self.engine.options().mode == Mode::Pd
     }
 
     /// The reply sending the request on, edited as the decision says.
@@ -236,7 +250,8 @@ impl Exchange {
             sse: get("content-type").is_some_and(|t| t.starts_with("text/event-stream")),
             end_of_stream: h.end_of_stream,
         };
-        match self.lc.on_response_head(head, &self.facts()) {
+        let facts = self.facts();
+        match self.lc.on_response_head(head, || facts) {
             ResponseStep::Continue { release, report } => {
                 if let Some(failure) = report {
                     // Counted before the client sees the answer.
@@ -287,6 +302,7 @@ impl Exchange {
 
     /// Ends the request with the router's own error.
     pub(super) fn reply(&mut self, r: LocalReply) -> Next {
+        self.request.body = Vec::new();
         let r = self.lc.refuse(r);
         debug!(path = %self.lc.path(), status = r.status, kind = %r.kind, message = %r.message, "local reply");
         send(immediate(&r))

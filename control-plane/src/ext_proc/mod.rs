@@ -217,7 +217,7 @@ impl Exchange {
                 }
                 outcome = wait_for(&mut admission) => {
                     admission = None;
-                    let step = self.lc.on_admission(outcome, &self.request, true);
+                    let step = self.lc.on_admission(outcome, &self.request, self.attach_body());
                     self.step(step)
                 }
                 () = sleep_for(&mut body_due) => {

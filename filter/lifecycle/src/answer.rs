@@ -139,8 +139,14 @@ pub enum BodyStep {
 }
 
 impl Lifecycle {
-    /// The answer's head arrived (`facts`: what the host says about it).
-    pub fn on_response_head(&mut self, head: ResponseHead, facts: &EndFacts) -> ResponseStep {
+    /// The answer's head arrived. `facts` tells what the host says about
+    /// it; asked for only when a failure may need reporting (reading them
+    /// costs host calls on every answer otherwise).
+    pub fn on_response_head(
+        &mut self,
+        head: ResponseHead,
+        facts: impl FnOnce() -> EndFacts,
+    ) -> ResponseStep {
         self.status = head.status;
         self.response_done |= head.end_of_stream;
         let ok = (200..300).contains(&head.status);
@@ -185,9 +191,10 @@ impl Lifecycle {
                 // A failed answer counts against its workers at once; not
                 // in PD mode, where a decode's failure may be its
                 // prefill's: the end tells.
-                let report = (self.asked && self.mode == Mode::Regular)
-                    .then(|| self.completion(facts, true))
-                    .filter(|c| !c.local_reply && is_worker_failure(c.http_status));
+                let report =
+                    (self.asked && self.mode == Mode::Regular && is_worker_failure(head.status))
+                        .then(|| self.completion(&facts(), true))
+                        .filter(|c| !c.local_reply && is_worker_failure(c.http_status));
                 ResponseStep::Continue {
                     release: pass(head.sse),
                     report,

@@ -83,6 +83,8 @@ pub struct RequestHead<'a> {
 /// Where the lifecycle reads the request from when it needs it again. The
 /// filter reads Envoy's buffer (and keeps no copy), ext_proc its own.
 pub trait Source {
+    /// The body's length, without reading it.
+    fn body_len(&self) -> usize;
     /// The whole request body.
     fn body(&self) -> Cow<'_, [u8]>;
     /// The client's headers, without pseudo-headers.
@@ -277,12 +279,11 @@ impl Lifecycle {
                 "request body out of turn",
             )));
         }
-        let body = source.body();
-        if let Some(reply) = self.on_body_progress(body.len()) {
+        let size = source.body_len();
+        if let Some(reply) = self.on_body_progress(size) {
             return Step::Reply(reply);
         }
-        self.body_bytes = body.len();
-        drop(body);
+        self.body_bytes = size;
         self.ask(source, attach)
     }
 

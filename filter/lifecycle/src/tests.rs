@@ -13,6 +13,9 @@ struct Client {
 }
 
 impl Source for Client {
+    fn body_len(&self) -> usize {
+        self.body.len()
+    }
     fn body(&self) -> Cow<'_, [u8]> {
         Cow::Borrowed(&self.body)
     }
@@ -297,7 +300,7 @@ fn no_answer_falls_back_and_a_local_prefill_is_followed() {
     lc.forwarded_locally(Some(false));
     assert_eq!(lc.mode(), lifecycle::Mode::Pd);
     assert_eq!(
-        lc.on_response_head(ok_head(false), &upstream()),
+        lc.on_response_head(ok_head(false), upstream),
         ResponseStep::Hold { grace: None }
     );
     assert!(matches!(
@@ -311,8 +314,7 @@ fn no_answer_falls_back_and_a_local_prefill_is_followed() {
 #[test]
 fn a_failed_answer_is_reported_before_it_goes_on_unless_envoy_made_it() {
     let mut lc = forwarded(false, false, false);
-    let ResponseStep::Continue { release, report } =
-        lc.on_response_head(ok_head(false), &upstream())
+    let ResponseStep::Continue { release, report } = lc.on_response_head(ok_head(false), upstream)
     else {
         panic!("regular answers go on");
     };
@@ -326,7 +328,7 @@ fn a_failed_answer_is_reported_before_it_goes_on_unless_envoy_made_it() {
     };
     let ResponseStep::Continue {
         report: Some(c), ..
-    } = lc.on_response_head(failed, &upstream())
+    } = lc.on_response_head(failed, upstream)
     else {
         panic!("a worker's 503 is reported first");
     };
@@ -339,7 +341,7 @@ fn a_failed_answer_is_reported_before_it_goes_on_unless_envoy_made_it() {
         ..Default::default()
     };
     assert!(matches!(
-        lc.on_response_head(failed, &envoys),
+        lc.on_response_head(failed, || envoys.clone()),
         ResponseStep::Continue { report: None, .. }
     ));
 }
@@ -348,8 +350,7 @@ fn a_failed_answer_is_reported_before_it_goes_on_unless_envoy_made_it() {
 fn sse_is_watched_to_its_end_and_a_hang_up_is_a_cancel() {
     for finish in [true, false] {
         let mut lc = forwarded(false, false, false);
-        let ResponseStep::Continue { release, .. } =
-            lc.on_response_head(ok_head(true), &upstream())
+        let ResponseStep::Continue { release, .. } = lc.on_response_head(ok_head(true), upstream)
         else {
             panic!();
         };
@@ -378,8 +379,7 @@ fn sse_is_watched_to_its_end_and_a_hang_up_is_a_cancel() {
 fn prefill_success_before_the_head_lets_it_through() {
     let mut lc = forwarded(true, false, false);
     assert_eq!(lc.on_prefill(prefill_ok("")), PrefillStep::Nothing);
-    let ResponseStep::Continue { release, report } =
-        lc.on_response_head(ok_head(false), &upstream())
+    let ResponseStep::Continue { release, report } = lc.on_response_head(ok_head(false), upstream)
     else {
         panic!();
     };
@@ -406,7 +406,7 @@ fn prefill_failure_before_the_head_is_the_clients_error() {
 fn the_head_waits_for_the_prefill_then_goes_or_gives_way() {
     let mut lc = forwarded(true, false, false);
     assert_eq!(
-        lc.on_response_head(ok_head(true), &upstream()),
+        lc.on_response_head(ok_head(true), upstream),
         ResponseStep::Hold { grace: None }
     );
     let PrefillStep::Release { release, replace } = lc.on_prefill(prefill_ok("")) else {
@@ -417,7 +417,7 @@ fn the_head_waits_for_the_prefill_then_goes_or_gives_way() {
     assert_eq!(lc.on_prefill(prefill_failed(500)), PrefillStep::Nothing);
 
     let mut lc = forwarded(true, false, false);
-    lc.on_response_head(ok_head(false), &upstream());
+    lc.on_response_head(ok_head(false), upstream);
     // A client error of the prefill stays a client error.
     assert!(matches!(lc.on_prefill(prefill_failed(400)), PrefillStep::Reply(r) if r.status == 400));
 }
@@ -432,7 +432,7 @@ fn a_decode_error_waits_briefly_for_the_prefills() {
     // The prefill's error comes within the grace: it is the client's.
     let mut lc = forwarded(true, true, false);
     assert_eq!(
-        lc.on_response_head(failed, &upstream()),
+        lc.on_response_head(failed, upstream),
         ResponseStep::Hold {
             grace: Some(names::DECODE_ERROR_GRACE)
         }
@@ -444,7 +444,7 @@ fn a_decode_error_waits_briefly_for_the_prefills() {
     // It does not: the decode's error goes as it is, and is not reported
     // early (in PD mode the end tells whose failure it was).
     let mut lc = forwarded(true, true, false);
-    lc.on_response_head(failed, &upstream());
+    lc.on_response_head(failed, upstream);
     let PrefillStep::Release { release, replace } = lc.on_prefill_unknown() else {
         panic!();
     };
@@ -453,7 +453,7 @@ fn a_decode_error_waits_briefly_for_the_prefills() {
 
     // The prefill succeeds: nothing is merged into an error.
     let mut lc = forwarded(true, true, false);
-    lc.on_response_head(failed, &upstream());
+    lc.on_response_head(failed, upstream);
     assert!(matches!(
         lc.on_prefill(prefill_ok(LOGPROBS)),
         PrefillStep::Release {
@@ -471,7 +471,7 @@ fn a_lost_prefill_outcome_lets_the_decode_answer_through() {
     let mut lc = forwarded(true, true, false);
     assert_eq!(lc.on_prefill_unknown(), PrefillStep::Nothing);
     assert!(matches!(
-        lc.on_response_head(ok_head(false), &upstream()),
+        lc.on_response_head(ok_head(false), upstream),
         ResponseStep::Continue {
             release: Release {
                 strip_length: false,
@@ -501,8 +501,7 @@ fn a_json_answer_gets_the_logprobs_when_whole() {
     for body_while_head_held in [false, true] {
         let mut lc = forwarded(true, true, body_while_head_held);
         lc.on_prefill(prefill_ok(LOGPROBS));
-        let ResponseStep::Continue { release, .. } =
-            lc.on_response_head(ok_head(false), &upstream())
+        let ResponseStep::Continue { release, .. } = lc.on_response_head(ok_head(false), upstream)
         else {
             panic!();
         };
@@ -527,7 +526,7 @@ fn a_json_answer_gets_the_logprobs_when_whole() {
 fn an_answer_with_nothing_to_merge_into_goes_unchanged() {
     let mut lc = forwarded(true, true, false);
     lc.on_prefill(prefill_ok(LOGPROBS));
-    lc.on_response_head(ok_head(false), &upstream());
+    lc.on_response_head(ok_head(false), upstream);
     assert_eq!(
         lc.on_response_body(b"[1,2]", true),
         BodyStep::Replace(b"[1,2]".to_vec())
@@ -540,7 +539,7 @@ fn the_first_sse_event_gets_the_logprobs_in_either_framing() {
         let first = format!("data: {{\"meta_info\":{{}}}}{blank}");
         let mut lc = forwarded(true, true, false);
         lc.on_prefill(prefill_ok(LOGPROBS));
-        lc.on_response_head(ok_head(true), &upstream());
+        lc.on_response_head(ok_head(true), upstream);
         let (a, b) = first.as_bytes().split_at(8);
         assert_eq!(lc.on_response_body(a, false), BodyStep::Hold);
         let BodyStep::Replace(out) = lc.on_response_body(b, false) else {
@@ -557,7 +556,7 @@ fn the_first_sse_event_gets_the_logprobs_in_either_framing() {
 #[test]
 fn ext_proc_releases_a_held_head_to_merge_as_the_body_comes() {
     let mut lc = forwarded(true, true, false);
-    lc.on_response_head(ok_head(true), &upstream());
+    lc.on_response_head(ok_head(true), upstream);
     let PrefillStep::Release { release, replace } = lc.on_prefill(prefill_ok(LOGPROBS)) else {
         panic!();
     };
@@ -581,7 +580,7 @@ fn ext_proc_releases_a_held_head_to_merge_as_the_body_comes() {
 fn the_filter_holds_the_head_until_the_held_body_is_merged() {
     // The whole first event was held with the head: merged at once.
     let mut lc = forwarded(true, true, true);
-    lc.on_response_head(ok_head(true), &upstream());
+    lc.on_response_head(ok_head(true), upstream);
     assert_eq!(
         lc.on_response_body(b"data: {\"meta_info\":{}}\n\n", false),
         BodyStep::Hold
@@ -598,7 +597,7 @@ fn the_filter_holds_the_head_until_the_held_body_is_merged() {
 
     // Only part of it: the head stays held until the rest comes.
     let mut lc = forwarded(true, true, true);
-    lc.on_response_head(ok_head(true), &upstream());
+    lc.on_response_head(ok_head(true), upstream);
     lc.on_response_body(b"data: {\"meta", false);
     assert_eq!(
         lc.on_prefill(prefill_ok(LOGPROBS)),
@@ -610,7 +609,7 @@ fn the_filter_holds_the_head_until_the_held_body_is_merged() {
 
     // A short JSON answer held whole, end included.
     let mut lc = forwarded(true, true, true);
-    lc.on_response_head(ok_head(false), &upstream());
+    lc.on_response_head(ok_head(false), upstream);
     lc.on_response_body(JSON_ANSWER, true);
     let PrefillStep::Release {
         replace: Some(out), ..

@@ -228,9 +228,8 @@ impl HttpContext for Request {
                 .is_some_and(|t| t.starts_with("text/event-stream")),
             end_of_stream,
         };
-        let step = self
-            .lc
-            .on_response_head(head, &end_facts(self.elapsed_us()));
+        let elapsed_us = self.elapsed_us();
+        let step = self.lc.on_response_head(head, || end_facts(elapsed_us));
         self.response_head_step(step)
     }
 

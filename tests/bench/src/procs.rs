@@ -224,32 +224,23 @@ pub async fn start(
     }
 }
 
-/// Stands for `envoy/envoy.yaml` with the wasm filter and the admin routes
-/// (which name the filter) cut out.
+/// Stands for `envoy/envoy.yaml` with the wasm filter cut out (and its
+/// admin routes, which name the filter, dropped by render.sh).
 const ENVOY_ALONE: &str = "envoy alone";
 
-/// `template` without its wasm filter and admin routes.
+/// `template` without its wasm filter.
 fn without_filter(template: &str) -> anyhow::Result<String> {
-    let cut = |text: &str, from: &str, to: &str| -> anyhow::Result<String> {
-        let a = text
-            .find(from)
-            .context("envoy.yaml changed: no filter to cut")?;
-        let b = a + text[a..]
-            .find(to)
-            .context("envoy.yaml changed: no end of the cut")?;
-        Ok(format!("{}{}", &text[..a], &text[b..]))
-    };
-    let t = cut(
-        template,
-        "              # BEGIN admin-routes",
-        // The end marker stays, a comment.
-        "              # END admin-routes",
-    )?;
-    cut(
-        &t,
+    let (from, to) = (
         "          - name: sglang.router",
         "          - name: envoy.filters.http.router",
-    )
+    );
+    let a = template
+        .find(from)
+        .context("envoy.yaml changed: no filter to cut")?;
+    let b = a + template[a..]
+        .find(to)
+        .context("envoy.yaml changed: no end of the cut")?;
+    Ok(format!("{}{}", &template[..a], &template[b..]))
 }
 
 async fn start_peer(
@@ -341,32 +332,42 @@ async fn start_ours(
     .await?;
 
     let (port, envoy_admin) = (free_port()?, free_port()?);
-    let template = if template_path == ENVOY_ALONE {
+    // Rendered by envoy/render.sh, the one place the placeholders are
+    // filled (as scripts/lib.sh render_envoy_config does); "envoy alone"
+    // is the shipped template without the wasm filter, its admin routes
+    // dropped by render.sh's ADMIN_ROUTES=off.
+    let (template, admin_routes) = if template_path == ENVOY_ALONE {
         let path = "envoy/envoy.yaml";
         let full = std::fs::read_to_string(paths.root.join(path))
             .with_context(|| format!("reading {path}"))?;
-        without_filter(&full)?
+        let alone = paths
+            .run_dir
+            .join(format!("{tag}-envoy-alone-template.yaml"));
+        std::fs::write(&alone, without_filter(&full)?)?;
+        (alone, "off")
     } else {
-        std::fs::read_to_string(paths.root.join(template_path))
-            .with_context(|| format!("reading {template_path}"))?
+        (paths.root.join(template_path), "on")
     };
-    // The same placeholders scripts/lib.sh render_envoy_config fills.
-    let config = template
-        .replace("{{LISTEN_HOST}}", "127.0.0.1")
-        .replace("{{LISTEN_PORT}}", &port.to_string())
-        .replace("{{ENVOY_ADMIN_PORT}}", &envoy_admin.to_string())
-        .replace("{{CONTROL_PLANE_HOST}}", "127.0.0.1")
-        .replace("{{CONTROL_PLANE_GRPC_PORT}}", &grpc.to_string())
-        .replace("{{CONTROL_PLANE_ADMIN_PORT}}", &admin.to_string())
-        .replace("{{MAX_BODY_BYTES}}", "33554432")
-        .replace("{{MAX_CONNECTIONS}}", "10000")
-        .replace("{{FILTER_OPTIONS}}", "")
-        .replace("{{FILTER_WASM}}", &paths.wasm.display().to_string());
-    if config.contains("{{") {
-        bail!("{template_path} has a placeholder the benchmark does not fill");
-    }
     let config_path = paths.run_dir.join(format!("{tag}-envoy-{policy}.yaml"));
-    std::fs::write(&config_path, config)?;
+    let rendered = std::process::Command::new(paths.root.join("envoy/render.sh"))
+        .arg(&config_path)
+        .env("ENVOY_TEMPLATE", &template)
+        .env("ADMIN_ROUTES", admin_routes)
+        .env("LISTEN_HOST", "127.0.0.1")
+        .env("LISTEN_PORT", port.to_string())
+        .env("ENVOY_ADMIN_PORT", envoy_admin.to_string())
+        .env("CONTROL_PLANE_HOST", "127.0.0.1")
+        .env("CONTROL_PLANE_GRPC_PORT", grpc.to_string())
+        .env("CONTROL_PLANE_ADMIN_PORT", admin.to_string())
+        .env("FILTER_WASM", &paths.wasm)
+        .output()
+        .context("running envoy/render.sh")?;
+    if !rendered.status.success() {
+        bail!(
+            "envoy/render.sh failed for {template_path}: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        );
+    }
     // As scripts/quickstart.sh, plus --disable-hot-restart so that it never
     // collides with another Envoy on the machine.
     let mut envoy = Proc::spawn(
@@ -400,16 +401,17 @@ async fn start_ours(
 mod tests {
     use super::*;
 
-    /// The cut follows the shipped config (it broke silently once when the
-    /// admin routes' end marker changed).
+    /// The cut follows the shipped config (the bench's own cut of the admin
+    /// routes broke once when their end marker changed; render.sh drops
+    /// them now).
     #[test]
-    fn envoy_alone_is_the_shipped_config_without_filter_and_admin_routes() {
+    fn envoy_alone_is_the_shipped_config_without_the_filter() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../envoy/envoy.yaml");
         let full = std::fs::read_to_string(path).unwrap();
         let alone = without_filter(&full).unwrap();
-        for gone in ["name: sglang.router", "*to_admin", "&no_router_filter"] {
-            assert!(full.contains(gone) && !alone.contains(gone), "{gone}");
-        }
+        assert!(!alone.contains("name: sglang.router"));
+        // render.sh drops the admin routes (they name the filter).
+        assert!(alone.contains("# BEGIN admin-routes") && alone.contains("# END admin-routes"));
         for kept in ["envoy.filters.http.router", "path: /v1/chat/completions"] {
             assert!(alone.contains(kept), "{kept}");
         }
