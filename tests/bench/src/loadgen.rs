@@ -32,17 +32,23 @@ pub struct ClosedLoopResult {
     pub latency_ms: Percentiles,
     /// Requests answered with an error or failed, in the window.
     pub errors: u64,
+    /// CPU seconds the router used over the measured window (see
+    /// `closed_loop`'s `cpu`); `None` when not measured.
+    pub cpu_s: Option<f64>,
 }
 
 /// Runs `concurrency` clients against `url` for `warmup + measure`; each
 /// sends the next of `bodies` as soon as its last answer is read. Only
 /// requests started after the warm-up and finished inside the window count.
+/// `cpu` (the router's CPU seconds so far) is read at the window's start
+/// and end.
 pub async fn closed_loop(
     url: &str,
     bodies: Arc<Vec<Vec<u8>>>,
     concurrency: usize,
     warmup: Duration,
     measure: Duration,
+    cpu: &dyn Fn() -> Option<f64>,
 ) -> anyhow::Result<ClosedLoopResult> {
     let client = client(concurrency)?;
     let start = Instant::now();
@@ -90,6 +96,10 @@ pub async fn closed_loop(
             (lat, errors)
         }));
     }
+    tokio::time::sleep_until(from.into()).await;
+    let cpu_from = cpu();
+    tokio::time::sleep_until(until.into()).await;
+    let cpu_s = cpu().zip(cpu_from).map(|(b, a)| b - a);
     let mut all = Vec::new();
     let mut errors = 0;
     for t in tasks {
@@ -101,6 +111,7 @@ pub async fn closed_loop(
         rps: all.len() as f64 / measure.as_secs_f64(),
         latency_ms: Percentiles::of(&mut all),
         errors,
+        cpu_s,
     })
 }
 

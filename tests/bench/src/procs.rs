@@ -41,6 +41,20 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// The kernel's clock ticks per second (`getconf CLK_TCK`, 100 on Linux).
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
 /// A child process, killed on drop.
 pub struct Proc {
     name: String,
@@ -66,6 +80,19 @@ impl Proc {
             child,
             log,
         })
+    }
+
+    /// CPU time (user + system, all threads) the process has used, in
+    /// seconds, from `/proc/PID/stat`.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
+        // Fields after the command name, which is in parentheses and may
+        // hold spaces: state is field 3, utime 14 and stime 15.
+        let rest = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        Some(ticks as f64 / clock_ticks_per_second())
     }
 
     /// Fails when the process has exited.
@@ -190,6 +217,17 @@ pub struct Running {
 }
 
 impl Running {
+    /// CPU time (user + system) its processes have used so far, in
+    /// seconds: the router's own cost (Envoy and the control plane for this
+    /// project, the router process for the peer); `None` for `direct`,
+    /// which is no router, or when `/proc` cannot be read.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        if self.procs.is_empty() {
+            return None;
+        }
+        self.procs.iter().map(Proc::cpu_seconds).sum()
+    }
+
     /// Fails when one of its processes has died.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         self.procs.iter_mut().try_for_each(Proc::check_alive)
@@ -400,6 +438,19 @@ async fn start_ours(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_time_of_a_busy_and_an_idle_process() {
+        let dir = std::env::temp_dir();
+        let spin = ["-c".to_string(), "while :; do :; done".to_string()];
+        let busy = Proc::spawn("cpu-busy", Path::new("sh"), &spin, &dir).unwrap();
+        let idle = Proc::spawn("cpu-idle", Path::new("sleep"), &["5".into()], &dir).unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+        let (b, i) = (busy.cpu_seconds().unwrap(), idle.cpu_seconds().unwrap());
+        // A shell spinning keeps a core busy; `sleep` uses none.
+        assert!(b > 0.05, "busy {b}");
+        assert!(i < 0.05, "idle {i}");
+    }
 
     /// The cut follows the shipped config (the bench's own cut of the admin
     /// routes broke once when their end marker changed; render.sh drops

@@ -264,13 +264,17 @@ fn render_overhead(w: &mut String, rows: &[OverheadRow], profile: &Profile) {
          the wasm filter (Envoy's round robin over the same EDS endpoints): the \
          floor of any router living inside Envoy, so `ours` minus `envoy alone` is \
          what the filter and its gRPC call to the control plane cost. `added p50` \
-         is the contender's p50 minus direct's; `vs peer` is req/s over the peer's.\n",
+         is the contender's p50 minus direct's; `vs peer` is req/s over the peer's. \
+         `CPU us/req` is the router's CPU time (user + system of its processes: \
+         Envoy and the control plane for ours and for `envoy alone`, the router \
+         process for the peer) over the measured window, per request answered; \
+         `CPU vs peer` divides it by the peer's.\n",
         p.max_tokens, p.distinct_bodies, p.warmup, p.measure, p.rounds
     );
     let _ = writeln!(
         w,
-        "| body | clients | contender | req/s | p50 ms | p99 ms | added p50 ms | req/s vs peer | errors |\n\
-         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| body | clients | contender | req/s | p50 ms | p99 ms | added p50 ms | req/s vs peer | CPU us/req | CPU vs peer | errors |\n\
+         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     let peer = Contender::peer("cache_aware").label();
     let direct = Contender::Direct.label();
@@ -287,9 +291,16 @@ fn render_overhead(w: &mut String, rows: &[OverheadRow], profile: &Profile) {
             Some(p) if p.rps > 0.0 => format!("{:.2}x", r.rps / p.rps),
             _ => "".into(),
         };
+        let cpu = r
+            .cpu_us_per_req
+            .map_or(String::new(), |c| format!("{c:.0}"));
+        let cpu_vs = match (r.cpu_us_per_req, pr.and_then(|p| p.cpu_us_per_req)) {
+            (Some(c), Some(p)) if p > 0.0 => format!("{:.2}x", c / p),
+            _ => "".into(),
+        };
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {:.0} | {:.3} | {:.3} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
             size_label(r.body_bytes),
             r.concurrency,
             r.contender,
@@ -298,6 +309,8 @@ fn render_overhead(w: &mut String, rows: &[OverheadRow], profile: &Profile) {
             r.latency_ms.p99,
             added,
             vs,
+            cpu,
+            cpu_vs,
             r.errors
         );
     }

@@ -29,6 +29,11 @@ pub struct OverheadRow {
     pub latency_ms: Percentiles,
     /// Failed requests over all rounds.
     pub errors: u64,
+    /// The router's CPU time per request in that round, microseconds
+    /// (user + system of its processes over the window, divided by the
+    /// requests answered in it); `None` for `direct`.
+    #[serde(default)]
+    pub cpu_us_per_req: Option<f64>,
 }
 
 /// Runs scenario 1: one instant worker, every contender in front of it,
@@ -63,12 +68,29 @@ pub async fn overhead(
                     let (c, r) = &mut running[i];
                     r.check_alive()?;
                     let url = format!("{}/v1/chat/completions", r.base);
-                    let res =
-                        loadgen::closed_loop(&url, Arc::clone(&bodies), conc, p.warmup, p.measure)
-                            .await
-                            .with_context(|| format!("{} c={conc}", c.label()))?;
+                    let cpu = || r.cpu_seconds();
+                    let res = loadgen::closed_loop(
+                        &url,
+                        Arc::clone(&bodies),
+                        conc,
+                        p.warmup,
+                        p.measure,
+                        &cpu,
+                    )
+                    .await
+                    .with_context(|| format!("{} c={conc}", c.label()))?;
+                    let cpu = res
+                        .cpu_s
+                        .filter(|_| res.rps > 0.0)
+                        .map(|cpu| {
+                            format!(
+                                "  cpu {:.0} us/req",
+                                cpu * 1e6 / (res.rps * p.measure.as_secs_f64())
+                            )
+                        })
+                        .unwrap_or_default();
                     eprintln!(
-                        "  {:>6} B  c={:<3} {:<20} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}",
+                        "  {:>6} B  c={:<3} {:<20} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}{cpu}",
                         bytes,
                         conc,
                         c.label(),
@@ -96,6 +118,10 @@ pub async fn overhead(
                     rps: mid,
                     latency_ms: pick.latency_ms,
                     errors: rs.iter().map(|r| r.errors).sum(),
+                    cpu_us_per_req: pick.cpu_s.and_then(|cpu| {
+                        let answered = pick.rps * p.measure.as_secs_f64();
+                        (answered > 0.0).then(|| cpu * 1e6 / answered)
+                    }),
                 });
             }
         }
