@@ -1,11 +1,12 @@
 //! The sglang-envoy control plane as a library: the binary in `main.rs` wires
 //! these pieces together; benchmarks and tests use them directly.
 //!
-//! Data flow: the filter's `Route` call (`service`) reaches the `engine`,
+//! Data flow: the filter's routing question (on its long-lived `session`
+//! stream, or the `Route` call of `service`) reaches the `engine`,
 //! which reads the healthy `workers` snapshot, asks the `policy` (which may
 //! consult the radix `tree` or the client's `routing_key`), counts load
-//! under the request's ticket (`tickets`) and answers; `Complete` releases
-//! the load. `startup` registers the initial workers, `upkeep` runs the
+//! under the request's ticket (`tickets`) and answers; the request's end,
+//! on the session (or `Complete`), releases the load. `startup` registers the initial workers, `upkeep` runs the
 //! background tasks. `xds` publishes the
 //! workers to Envoy, `admin` changes them (`enrollment` registers those not
 //! reachable yet in the background; `dns` moves those whose DNS name points
@@ -27,6 +28,7 @@ pub mod metrics;
 pub mod pd;
 pub mod policy_flags;
 pub mod service;
+pub mod session;
 pub mod startup;
 pub mod upkeep;
 pub mod workers;

@@ -46,6 +46,7 @@ pub struct Metrics {
     queued: Gauge,
     worker_healthy: Family<WorkerLabel, Gauge>,
     worker_processed: Family<WorkerLabel, Gauge>,
+    sessions: Gauge,
 }
 
 impl Default for Metrics {
@@ -67,6 +68,7 @@ impl Default for Metrics {
             queued: Gauge::default(),
             worker_healthy: Family::default(),
             worker_processed: Family::default(),
+            sessions: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -144,11 +146,21 @@ impl Default for Metrics {
             "Requests finished per worker",
             m.worker_processed.clone(),
         );
+        registry.register(
+            "sgl_router_filter_sessions",
+            "Filter VMs (one per Envoy worker thread) with an open session stream",
+            m.sessions.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
 
 impl Metrics {
+    /// A filter's session stream opened (`+1`) or ended (`-1`).
+    pub fn session(&self, delta: i64) {
+        self.sessions.inc_by(delta);
+    }
+
     /// One routing decision for `route`.
     pub fn decided(&self, route: &str, cache: CacheOutcome, seconds: f64) {
         self.requests

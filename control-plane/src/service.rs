@@ -1,16 +1,22 @@
 //! The gRPC service the Envoy filter calls (see `proto/router.proto`).
 
+use std::pin::Pin;
 use std::sync::Arc;
 
 use sglang_envoy_lifecycle::{wire, Question};
 use sglang_envoy_proto::router_server::Router;
 use sglang_envoy_proto::{
     AdmissionOutcome, AdmissionWait, CompleteRequest, CompleteResponse, PrefillOutcome,
-    PrefillWait, RouteRequest, RouteResponse, WorkersRequest, WorkersSnapshot,
+    PrefillWait, RouteRequest, RouteResponse, SessionDown, SessionUp, WorkersRequest,
+    WorkersSnapshot,
 };
-use tonic::{Request, Response, Status};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::engine::Engine;
+use crate::session::{Session, ANSWERS_BUFFERED};
 use crate::workers::HealthChecker;
 
 /// Adapts the [`Engine`] to the filter's gRPC contract.
@@ -26,8 +32,23 @@ impl RouterService {
     }
 }
 
+/// The answers of one filter session.
+type SessionAnswers = Pin<Box<dyn Stream<Item = Result<SessionDown, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl Router for RouterService {
+    type SessionStream = SessionAnswers;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<SessionUp>>,
+    ) -> Result<Response<SessionAnswers>, Status> {
+        let (tx, rx) = mpsc::channel(ANSWERS_BUFFERED);
+        let session = Session::new(self.engine.clone(), self.health.clone());
+        tokio::spawn(session.run(request.into_inner(), tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
     async fn route(
         &self,
         request: Request<RouteRequest>,

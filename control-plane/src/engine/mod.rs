@@ -269,6 +269,23 @@ impl Engine {
         failed_over.then_some(worker)
     }
 
+    /// Releases a request whose end will never be reported where it was
+    /// counted (the filter's session stream it was answered on ended), as
+    /// if it had ended with nothing to say about its worker. True when it
+    /// was still open.
+    pub fn abandon(&self, ticket: u64) -> bool {
+        if let Some(gate) = &self.gate {
+            gate.release(ticket);
+        }
+        match self.tickets.close(ticket) {
+            Some(held) => {
+                held.release();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// What can be told of a worker without calling anything: that this
     /// router's mode takes its role and that its URL is well formed.
     /// Returns the normalised URL.

@@ -1,0 +1,132 @@
+//! A filter VM's session: the long-lived stream on which its routing
+//! questions come up and their answers go down, matched by ticket, and on
+//! which each request's end comes up the moment it ends.
+//!
+//! The session remembers the tickets it answered with counted load until
+//! their end arrives. When the stream ends (Envoy died, or the filter
+//! reopened it), those requests are released at once: nothing else would
+//! release them before `--request-timeout-secs`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use sglang_envoy_lifecycle::{wire, Question};
+use sglang_envoy_proto::session_up::Kind;
+use sglang_envoy_proto::{route_response, Completion, SessionDown, SessionUp};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+use tracing::{debug, warn};
+
+use crate::engine::Engine;
+use crate::workers::HealthChecker;
+
+/// Answers not yet taken by Envoy before the session stops reading
+/// questions (back-pressure instead of unbounded memory).
+pub const ANSWERS_BUFFERED: usize = 1024;
+
+/// One filter's session.
+pub struct Session {
+    engine: Arc<Engine>,
+    health: Arc<HealthChecker>,
+    /// Tickets answered on this session whose end has not come.
+    open: HashSet<u64>,
+}
+
+impl Session {
+    /// A session over `engine`; `health` checks workers Envoy failed over from.
+    pub fn new(engine: Arc<Engine>, health: Arc<HealthChecker>) -> Self {
+        engine.metrics().session(1);
+        Session {
+            engine,
+            health,
+            open: HashSet::new(),
+        }
+    }
+
+    /// Reads the filter's messages until the stream ends, sending answers
+    /// to `answers`; then releases what is still open.
+    pub async fn run(
+        mut self,
+        mut incoming: Streaming<SessionUp>,
+        answers: mpsc::Sender<Result<SessionDown, Status>>,
+    ) {
+        loop {
+            let up = match incoming.message().await {
+                Ok(Some(up)) => up,
+                Ok(None) => break,
+                Err(status) => {
+                    debug!("filter session ended: {status}");
+                    break;
+                }
+            };
+            let Some(down) = self.take(up) else {
+                continue;
+            };
+            if answers.send(Ok(down)).await.is_err() {
+                // Envoy stopped reading answers: the session is over.
+                break;
+            }
+        }
+    }
+
+    /// One message from the filter; the answer to send, if it asks.
+    fn take(&mut self, up: SessionUp) -> Option<SessionDown> {
+        match up.kind? {
+            Kind::Route(request) => {
+                let ticket = request.ticket;
+                let question = Question::from(request);
+                let response = wire::response_of(self.engine.route(&question));
+                if holds_load(&response) {
+                    self.open.insert(ticket);
+                }
+                Some(SessionDown {
+                    ticket,
+                    route: Some(response),
+                })
+            }
+            Kind::End(completion) => {
+                self.end(&completion);
+                None
+            }
+        }
+    }
+
+    /// A request ended: its load is released.
+    fn end(&mut self, c: &Completion) {
+        self.open.remove(&c.ticket);
+        if c.outcome_only {
+            // Not an end (the filter sends those to `Complete`); counted
+            // anyway rather than dropped.
+            self.engine.record_outcome(c);
+            return;
+        }
+        if let Some(worker) = self.engine.complete(c) {
+            let health = self.health.clone();
+            tokio::spawn(async move { health.suspect(&worker).await });
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let released = self
+            .open
+            .drain()
+            .filter(|&t| self.engine.abandon(t))
+            .count();
+        if released > 0 {
+            warn!("a filter session ended with {released} requests open; released them");
+        }
+        self.engine.metrics().session(-1);
+    }
+}
+
+/// Whether the answer counted load the request's end must release (a
+/// decision with a ticket, or a place in the admission queue).
+fn holds_load(response: &sglang_envoy_proto::RouteResponse) -> bool {
+    match &response.outcome {
+        Some(route_response::Outcome::Decision(d)) => d.ticket != 0,
+        Some(route_response::Outcome::Queued(_)) => true,
+        _ => false,
+    }
+}
