@@ -3,9 +3,11 @@
 //! Per request (see `http/`): buffer the JSON body, validate it, ask the
 //! control plane over gRPC which worker to use, splice in the fields the
 //! decision requires, name the worker in the header Envoy's `override_host`
-//! load-balancing policy reads, and resume. When the request ends, its ticket
-//! goes into a per-VM queue that the root context (`root.rs`) flushes to the
-//! control plane so load counts return to zero.
+//! load-balancing policy reads, and resume. Questions, answers and the
+//! request's end travel on one long-lived stream per VM (`session.rs`),
+//! owned by the root context (`root.rs`), which hands each answer to the
+//! request that asked (`contexts.rs`); while that stream is down, questions
+//! take calls of their own and ends a batched report.
 //!
 //! While the control plane cannot be reached, requests keep flowing: the root
 //! context polls the list of healthy workers (`fallback.rs`) and a stream
@@ -20,11 +22,13 @@ pub mod body_wait;
 pub mod budget;
 pub mod completions;
 pub mod config;
+pub mod contexts;
 pub mod fallback;
 pub mod host;
 pub mod http;
 pub mod reply;
 pub mod root;
+pub mod session;
 
 pub use config::FilterConfig;
 

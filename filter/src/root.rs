@@ -4,32 +4,37 @@ use std::time::Duration;
 
 use log::{error, warn};
 use prost::Message;
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::ContextType;
+use proxy_wasm::types::{BufferType, ContextType};
 use sglang_envoy_lifecycle::{random, LocalReply, TicketSource};
 use sglang_envoy_proto::{
-    CompleteRequest, Completion, WorkersRequest, WorkersSnapshot, SERVICE_NAME,
+    CompleteRequest, Completion, SessionDown, WorkersRequest, WorkersSnapshot, SERVICE_NAME,
 };
 
 use crate::body_wait::BodyWaits;
 use crate::budget::Budget;
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
+use crate::contexts::Contexts;
 use crate::fallback::Fallback;
 use crate::host;
-use crate::http::{Request, Shared};
+use crate::http::{Request, RequestContext, Shared};
 use crate::reply::send_reply_for;
+use crate::session::Session;
 
 /// Completions sent in one `Complete` call.
 const REPORT_BATCH: usize = 1024;
 const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The per-VM root context: holds the configuration, creates one [`Request`]
-/// per HTTP stream, and reports finished requests on a timer.
+/// per HTTP stream, keeps the session stream to the control plane open and
+/// hands each answer that comes on it to the request that asked.
 ///
-/// Reports go out from here rather than from the request's own context because
-/// Envoy cancels a context's outstanding calls when the stream is destroyed,
-/// which happens right after `on_log`.
+/// Ends that cannot go on the session are reported from here, batched on a
+/// timer, rather than from the request's own context because Envoy cancels
+/// a context's outstanding calls when the stream is destroyed, which
+/// happens right after `on_log`.
 pub struct Root {
     /// This context's id, to act as it again after acting for a request.
     context_id: u32,
@@ -41,6 +46,10 @@ pub struct Root {
     /// The outstanding `Workers` call, and when the last one went out.
     workers_call: Option<u32>,
     workers_asked_at: Option<std::time::SystemTime>,
+    /// Set once this VM made a request context. Envoy's main thread runs a
+    /// VM of the plugin too, which never serves a request: it opens no
+    /// session, so the control plane sees one per worker thread.
+    serving: Cell<bool>,
 }
 
 impl Root {
@@ -56,17 +65,26 @@ impl Root {
                 send_body: Rc::new(Cell::new(false)),
                 fallback: Fallback::default(),
                 body_waits: BodyWaits::default(),
+                session: Session::new(context_id),
+                contexts: Contexts::default(),
             },
             tickets: TicketSource::new(random::u64(host::nanos)),
             in_flight: None,
             workers_call: None,
             workers_asked_at: None,
+            serving: Cell::new(false),
         }
     }
 }
 
 impl Context for Root {
     fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, size: usize) {
+        if let Some(context) = self.shared.contexts.disown_call(token_id) {
+            self.act_for(context, |r| {
+                r.call_answered(token_id, Some(status_code), size)
+            });
+            return;
+        }
         if self.workers_call == Some(token_id) {
             self.workers_call = None;
             if status_code == 0 {
@@ -90,6 +108,50 @@ impl Context for Root {
             other => self.in_flight = other,
         }
     }
+
+    fn on_http_call_response(&mut self, token_id: u32, _: usize, body_size: usize, _: usize) {
+        if let Some(context) = self.shared.contexts.disown_call(token_id) {
+            self.act_for(context, |r| r.call_answered(token_id, None, body_size));
+        }
+    }
+
+    fn on_grpc_stream_initial_metadata(&mut self, token_id: u32, _: u32) {
+        self.shared.session.confirmed(token_id);
+    }
+
+    fn on_grpc_stream_message(&mut self, token_id: u32, size: usize) {
+        if !self.shared.session.owns(token_id) {
+            return;
+        }
+        let bytes = hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let down = match SessionDown::decode(bytes.as_slice()) {
+            Ok(down) => down,
+            Err(e) => {
+                warn!("unreadable answer on the control plane session: {e}");
+                return;
+            }
+        };
+        if let Some(context) = self.shared.session.answered(down.ticket) {
+            self.act_for(context, |r| r.session_answer(down.route));
+        }
+    }
+
+    fn on_grpc_stream_close(&mut self, token_id: u32, status_code: u32) {
+        let now = self.get_current_time();
+        let stranded = self.shared.session.closed(token_id, now);
+        if status_code != 0 || !stranded.is_empty() {
+            warn!(
+                "control plane session ended (grpc status {status_code}); {} questions fall back",
+                stranded.len()
+            );
+        }
+        for context in stranded {
+            self.act_for(context, |r| r.session_answer(None));
+        }
+    }
 }
 
 impl RootContext for Root {
@@ -111,14 +173,16 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
+        self.keep_session();
         self.refresh_workers();
         self.report();
-        // Last: acting for other contexts changes whom host calls are for.
+        self.time_out_questions();
         self.time_out_bodies();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Request::new(
+        self.serving.set(true);
+        Some(Box::new(RequestContext::open(
             &self.shared,
             context_id,
             self.tickets.next(),
@@ -131,6 +195,54 @@ impl RootContext for Root {
 }
 
 impl Root {
+    /// Runs `f` on request `context` with host calls made for it, then acts
+    /// as the root again. Nothing happens when the request is gone.
+    fn act_for(&self, context: u32, f: impl FnOnce(&mut Request)) {
+        let Some(request) = self.shared.contexts.get(context) else {
+            return;
+        };
+        if hostcalls::set_effective_context(context).is_ok() {
+            match request.try_borrow_mut() {
+                Ok(mut request) => f(&mut request),
+                Err(_) => error!("request {context} is busy; its answer is dropped"),
+            }
+        }
+        if let Err(e) = hostcalls::set_effective_context(self.context_id) {
+            error!("cannot act as the root context again: {e:?}");
+        }
+    }
+
+    /// Opens the session stream when there is none and the backoff allows.
+    fn keep_session(&mut self) {
+        let now = self.get_current_time();
+        if !self.serving.get() || !self.shared.session.due(now) {
+            return;
+        }
+        match self.open_grpc_stream(
+            &self.shared.config.control_plane_cluster,
+            SERVICE_NAME,
+            "Session",
+            vec![],
+        ) {
+            Ok(token) => self.shared.session.opened(token),
+            Err(status) => {
+                warn!("cannot open the control plane session: {status:?}");
+                self.shared.session.open_failed(now);
+            }
+        }
+    }
+
+    /// Questions on the session whose answer is late take the fallback.
+    fn time_out_questions(&mut self) {
+        if self.shared.session.waiting() == 0 {
+            return;
+        }
+        for context in self.shared.session.expired(self.get_current_time()) {
+            warn!("no answer on the control plane session in time for request {context}");
+            self.act_for(context, |r| r.session_answer(None));
+        }
+    }
+
     /// Sends the queued completions (one batch in flight at a time).
     fn report(&mut self) {
         if self.in_flight.is_some() || self.shared.queue.is_empty() {

@@ -7,13 +7,15 @@ use log::warn;
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use sglang_envoy_lifecycle::{wire, LocalReply, Question, Step, Unrouted};
+use sglang_envoy_proto::session_up::Kind;
 use sglang_envoy_proto::{
     AdmissionOutcome, AdmissionWait, CompleteRequest, Completion, PrefillOutcome, PrefillWait,
-    RouteRequest, RouteResponse, SERVICE_NAME,
+    RouteRequest, RouteResponse, SessionUp, SERVICE_NAME,
 };
 
 use super::steps::Flow;
 use super::Request;
+use crate::session::MAX_QUESTION_BYTES;
 
 /// The longest a failed answer waits for its report to be taken.
 const REPORT_WAIT: Duration = Duration::from_millis(250);
@@ -38,8 +40,41 @@ pub(super) enum Call {
 impl Request {
     /// Forgets and returns the call `token` answered, if it is ours.
     pub(super) fn take_call(&mut self, token: u32) -> Option<Call> {
+        self.shared.contexts.disown_call(token);
         let at = self.calls.iter().position(|(t, _)| *t == token)?;
         Some(self.calls.swap_remove(at).1)
+    }
+
+    /// Takes the answer to call `token` that reached the root context
+    /// (the call went out while the root acted for this request).
+    pub fn call_answered(&mut self, token: u32, grpc_status: Option<u32>, size: usize) {
+        if let Some(call) = self.take_call(token) {
+            self.answered(call, grpc_status, size);
+        }
+    }
+
+    /// The answer to the routing question sent on the session stream;
+    /// `None` when none will come (the stream broke, or it came too late).
+    pub fn session_answer(&mut self, response: Option<RouteResponse>) {
+        self.route_answered(response.map(Ok));
+    }
+
+    /// Reports the request's end: on the session stream at once, or, while
+    /// there is none, in the root context's next batch.
+    pub(super) fn report_end(&mut self, completion: Completion) {
+        let up = SessionUp {
+            kind: Some(Kind::End(completion)),
+        };
+        if self
+            .shared
+            .session
+            .report(self.context_id, &up.encode_to_vec())
+        {
+            return;
+        }
+        if let Some(Kind::End(completion)) = up.kind {
+            self.shared.queue.push(completion);
+        }
     }
 
     /// Calls `method` of the control plane with `message`; false when it
@@ -56,6 +91,7 @@ impl Request {
         match sent {
             Ok(token) => {
                 self.calls.push((token, call));
+                self.shared.contexts.own_call(token, self.context_id);
                 true
             }
             Err(status) => {
@@ -69,12 +105,27 @@ impl Request {
     pub(super) fn ask(&mut self, question: Question) -> Flow {
         // The question may be as large as the body: it is gone (moved into
         // the message, dropped with it) before we wait.
-        let encoded = RouteRequest::from(question).encode_to_vec();
+        let mut request = RouteRequest::from(question);
+        if self.shared.session.is_up() && request.body.len() <= MAX_QUESTION_BYTES {
+            let ticket = request.ticket;
+            let up = SessionUp {
+                kind: Some(Kind::Route(request)),
+            };
+            let deadline = self.get_current_time() + self.route_timeout();
+            let session = &self.shared.session;
+            if session.ask(self.context_id, ticket, &up.encode_to_vec(), deadline) {
+                return Flow::Wait;
+            }
+            let Some(Kind::Route(r)) = up.kind else {
+                return self.run_no_answer();
+            };
+            request = r;
+        }
+        let encoded = request.encode_to_vec();
         if self.call("Route", &encoded, self.route_timeout(), Call::Route) {
             return Flow::Wait;
         }
-        let step = self.lc.on_no_answer();
-        self.run(step)
+        self.run_no_answer()
     }
 
     /// Admission control queued the request: wait (still paused) until it
@@ -88,6 +139,11 @@ impl Request {
         if self.call("AwaitAdmission", &wait, timeout, Call::Admission) {
             return Flow::Wait;
         }
+        self.run_no_answer()
+    }
+
+    /// No answer will come: the lifecycle decides (the outage fallback).
+    fn run_no_answer(&mut self) -> Flow {
         let step = self.lc.on_no_answer();
         self.run(step)
     }
@@ -154,19 +210,8 @@ impl Request {
                 self.prefill_step(step);
             }
             Call::Route => {
-                let step = match self.answer::<RouteResponse>(grpc_status, size) {
-                    Some(Ok(response)) => {
-                        let answer = wire::answer_of(response);
-                        if let Err(Unrouted::NeedBody) = answer {
-                            // From now on every question of this VM carries it.
-                            self.shared.send_body.set(true);
-                        }
-                        self.lc.on_answer(answer, &self.source())
-                    }
-                    Some(Err(reply)) => Step::Reply(reply),
-                    None => self.lc.on_no_answer(),
-                };
-                self.run_resuming(step);
+                let response = self.answer::<RouteResponse>(grpc_status, size);
+                self.route_answered(response);
             }
             Call::Admission => {
                 let step = match self.answer::<AdmissionOutcome>(grpc_status, size) {
@@ -180,6 +225,25 @@ impl Request {
                 self.run_resuming(step);
             }
         }
+    }
+
+    /// The routing question's answer: `None` when there is none (the call
+    /// or the stream failed, or it came too late), an error when it cannot
+    /// be read.
+    fn route_answered(&mut self, response: Option<Result<RouteResponse, LocalReply>>) {
+        let step = match response {
+            Some(Ok(response)) => {
+                let answer = wire::answer_of(response);
+                if let Err(Unrouted::NeedBody) = answer {
+                    // From now on every question of this VM carries it.
+                    self.shared.send_body.set(true);
+                }
+                self.lc.on_answer(answer, &self.source())
+            }
+            Some(Err(reply)) => Step::Reply(reply),
+            None => self.lc.on_no_answer(),
+        };
+        self.run_resuming(step);
     }
 
     /// The control plane's answer: `None` when there is none (the call

@@ -16,19 +16,23 @@ use sglang_envoy_lifecycle::{
 use sglang_envoy_proto::ROUTING_KEY_HEADER;
 
 mod calls;
+mod context;
 mod local;
 mod steps;
 
 use calls::Call;
+pub use context::RequestContext;
 use steps::Flow;
 
 use crate::body_wait::BodyWaits;
 use crate::budget::{Budget, Reservation};
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
+use crate::contexts::Contexts;
 use crate::fallback::Fallback;
 use crate::host::{end_facts, EnvoyRequest};
 use crate::reply::send_reply;
+use crate::session::Session;
 
 /// What one VM's requests share (built once by the root context).
 #[derive(Clone)]
@@ -45,6 +49,10 @@ pub struct Shared {
     pub budget: Budget,
     /// Requests waiting for their body, timed out by the root context.
     pub body_waits: BodyWaits,
+    /// The stream to the control plane.
+    pub session: Session,
+    /// The live requests, for the root context to act for.
+    pub contexts: Contexts,
 }
 
 /// One HTTP stream passing through the filter.
@@ -266,9 +274,13 @@ impl HttpContext for Request {
 
     fn on_log(&mut self) {
         self.shared.body_waits.done(self.context_id);
+        self.shared.session.forget(self.lc.ticket());
+        for (token, _) in self.calls.drain(..) {
+            self.shared.contexts.disown_call(token);
+        }
         self.reservation.release();
         if let Some(completion) = self.lc.end(&end_facts(self.elapsed_us())) {
-            self.shared.queue.push(completion);
+            self.report_end(completion);
         }
     }
 }
