@@ -40,6 +40,19 @@ impl Proc {
         }
     }
 
+    /// Sends signal `name` (`STOP`, `CONT`...) with `kill(1)`; false when
+    /// the process is gone.
+    pub fn signal(&self, name: &str) -> bool {
+        let Some(child) = &self.child else {
+            return false;
+        };
+        Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(child.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     /// The process's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -94,6 +94,8 @@ pub struct StackOptions {
     /// see [`hosts_file_supported`]): tests of workers named by DNS rewrite
     /// it to move a name.
     pub cp_hosts_file: Option<PathBuf>,
+    /// Envoy's worker threads (`--concurrency`); each runs a filter VM.
+    pub envoy_concurrency: usize,
 }
 
 /// A PD fleet of simulated workers.
@@ -148,6 +150,7 @@ impl Default for StackOptions {
             worker_tls: None,
             envoy_config: None,
             cp_hosts_file: None,
+            envoy_concurrency: 1,
         }
     }
 }
@@ -583,7 +586,7 @@ impl Stack {
                 "-c".into(),
                 config_path.display().to_string(),
                 "--concurrency".into(),
-                "1".into(),
+                opts.envoy_concurrency.to_string(),
                 "--disable-hot-restart".into(),
                 "--log-level".into(),
                 "warn".into(),
@@ -671,18 +674,7 @@ impl Stack {
 
     /// `(worker url, load)` from `/get_loads` through Envoy.
     pub async fn loads(&self) -> Vec<(String, u64)> {
-        get_json(&self.url("/get_loads"))
-            .await
-            .and_then(|v| v["workers"].as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .map(|w| {
-                (
-                    w["worker"].as_str().unwrap_or_default().to_string(),
-                    w["load"].as_u64().unwrap_or(u64::MAX),
-                )
-            })
-            .collect()
+        loads_at(&self.url("/get_loads")).await
     }
 
     /// Waits until every worker's load is zero.
@@ -732,6 +724,22 @@ impl Stack {
         })
     }
 
+    /// `(worker url, load)` from `/get_loads` on the control plane's own
+    /// admin port (answers while Envoy is gone).
+    pub async fn admin_loads(&self) -> Vec<(String, u64)> {
+        loads_at(&self.admin_url("/get_loads")).await
+    }
+
+    /// Kills Envoy like a crash (SIGKILL).
+    pub fn kill_envoy(&mut self) {
+        self.envoy.kill();
+    }
+
+    /// Sends signal `name` (`STOP`, `CONT`) to the control plane.
+    pub fn signal_control_plane(&self, name: &str) -> bool {
+        self.cp.signal(name)
+    }
+
     /// Kills the control plane like a crash.
     pub fn kill_control_plane(&mut self) {
         self.cp.kill();
@@ -759,4 +767,20 @@ impl Stack {
     pub fn control_plane_log(&self) -> String {
         self.cp.log()
     }
+}
+
+/// `(worker url, load)` from the `/get_loads` document at `url`.
+async fn loads_at(url: &str) -> Vec<(String, u64)> {
+    get_json(url)
+        .await
+        .and_then(|v| v["workers"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .map(|w| {
+            (
+                w["worker"].as_str().unwrap_or_default().to_string(),
+                w["load"].as_u64().unwrap_or(u64::MAX),
+            )
+        })
+        .collect()
 }

@@ -1,0 +1,276 @@
+//! The filter's session stream (one per Envoy worker thread) through a real
+//! Envoy: many answers in flight on it each reach the request that asked,
+//! ends are counted by the time the client has its answer, a frozen or
+//! killed control plane sends waiting requests to the fallback at once
+//! and the stream comes back, and the requests of an Envoy that died are
+//! released at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::json;
+use sglang_envoy_e2e::{wait_until, FrontDoor, Stack, StackOptions};
+
+/// Requests in the big run, and how many different routing keys they use.
+const REQUESTS: usize = 10_000;
+const KEYS: usize = 1_000;
+
+/// For each routing key the workers received: the workers that got it.
+async fn homes_of_keys(stack: &Stack) -> (BTreeMap<String, BTreeSet<usize>>, usize) {
+    let mut homes: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
+    let mut served = 0;
+    for (i, w) in stack.workers.iter().enumerate() {
+        for r in w.requests().await {
+            if r["path"] != "/v1/completions" {
+                continue;
+            }
+            served += 1;
+            let key = r["headers"]["x-smg-routing-key"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            homes.entry(key).or_default().insert(i);
+        }
+    }
+    (homes, served)
+}
+
+#[tokio::test]
+async fn ten_thousand_answers_each_reach_the_request_that_asked() {
+    // `manual`: a routing key's first request picks a worker and the key
+    // stays there. An answer handed to the wrong request would send that
+    // request's key to another key's worker, splitting it (7 times in 8).
+    let stack = Stack::start(StackOptions {
+        workers: 8,
+        policy: "manual".into(),
+        envoy_concurrency: 4,
+        worker_args: vec![
+            "--prefill-us-per-token".into(),
+            "1".into(),
+            "--decode-us-per-token".into(),
+            "1000".into(),
+        ],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    // Keys interleaved, answers of 1-12 tokens: completions in random order.
+    let results: Vec<u16> = futures::stream::iter(0..REQUESTS)
+        .map(|i| {
+            let client = client.clone();
+            let url = stack.url("/v1/completions");
+            async move {
+                let tokens = 1 + (i * 7919) % 12;
+                let body =
+                    json!({"model": "m", "prompt": format!("request {i}"), "max_tokens": tokens});
+                let r = client
+                    .post(url)
+                    .header("x-smg-routing-key", format!("key-{}", i % KEYS))
+                    .json(&body)
+                    .timeout(Duration::from_secs(60))
+                    .send()
+                    .await;
+                r.map_or(0, |r| r.status().as_u16())
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+    // Read at once, with no wait: every end was counted before its client
+    // had the answer.
+    let loads = stack.loads().await;
+    assert!(
+        !loads.is_empty() && loads.iter().all(|(_, l)| *l == 0),
+        "{loads:?}"
+    );
+
+    let failed = results.iter().filter(|s| **s != 200).count();
+    assert_eq!(failed, 0, "{failed} of {REQUESTS} requests failed");
+    let (homes, served) = homes_of_keys(&stack).await;
+    assert_eq!(served, REQUESTS, "every request reaches a worker once");
+    assert_eq!(homes.len(), KEYS);
+    let split: Vec<_> = homes.iter().filter(|(_, w)| w.len() > 1).collect();
+    assert!(split.is_empty(), "keys split over workers: {split:?}");
+    eprintln!("{REQUESTS} requests in {elapsed:?}");
+
+    if FrontDoor::current() == FrontDoor::Wasm {
+        // One session per Envoy worker thread, and the questions went on
+        // them: the control plane's cluster saw a handful of calls (the
+        // sessions and the worker-list polls), not one per request.
+        assert_eq!(stack.metric("sgl_router_filter_sessions").await, 4.0);
+        let calls = stack
+            .envoy_stat("cluster.sglang_control_plane.upstream_rq_total")
+            .await
+            .unwrap_or(u64::MAX);
+        assert!(calls < 200, "{calls} calls to the control plane");
+    }
+}
+
+#[tokio::test]
+async fn loads_read_zero_right_after_each_answer() {
+    let stack = Stack::with_workers(2).await;
+    for i in 0..50 {
+        let body = format!(r#"{{"model":"m","prompt":"one by one {i}","max_tokens":3}}"#);
+        assert_eq!(stack.post("/v1/completions", &body).await.status(), 200);
+        let loads = stack.loads().await;
+        assert!(
+            !loads.is_empty() && loads.iter().all(|(_, l)| *l == 0),
+            "after request {i}: {loads:?}"
+        );
+    }
+}
+
+/// Sends `n` completions at once; their statuses and how long each took.
+async fn burst(stack: &Stack, n: usize, tag: &str) -> Vec<(u16, Duration)> {
+    let stack = Arc::new(stack.url("/v1/completions"));
+    let sends = (0..n).map(|i| {
+        let url = stack.clone();
+        let tag = tag.to_string();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let body = json!({"model": "m", "prompt": format!("{tag} {i}"), "max_tokens": 2});
+            let status = reqwest::Client::new()
+                .post(url.as_str())
+                .json(&body)
+                .timeout(Duration::from_secs(20))
+                .send()
+                .await
+                .map_or(0, |r| r.status().as_u16());
+            (status, started.elapsed())
+        })
+    });
+    futures::future::join_all(sends)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap_or((0, Duration::MAX)))
+        .collect()
+}
+
+#[tokio::test]
+async fn questions_waiting_on_a_frozen_or_killed_control_plane_fall_back_and_the_stream_returns() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("the session stream is the wasm filter's; ext_proc has the outage suite");
+        return;
+    }
+    let mut stack = Stack::start(StackOptions {
+        policy: "round_robin".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // The filter has its worker list and its session.
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            stack.metric("sgl_router_filter_sessions").await == 1.0
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    // Frozen: the questions wait on the stream until their deadline
+    // (route_timeout_ms, 500 ms), then fall back.
+    assert!(stack.signal_control_plane("STOP"));
+    let frozen = burst(&stack, 8, "frozen").await;
+    for (status, took) in &frozen {
+        assert_eq!(*status, 200, "{frozen:?}");
+        assert!(
+            *took >= Duration::from_millis(400),
+            "answered while frozen: {frozen:?}"
+        );
+        assert!(
+            *took < Duration::from_secs(3),
+            "waited too long: {frozen:?}"
+        );
+    }
+
+    // Killed while questions wait: they fall back when the stream breaks,
+    // before their deadline.
+    let waiting = {
+        let url = stack.url("/v1/completions");
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&json!({"model": "m", "prompt": "waiting", "max_tokens": 2}))
+                .timeout(Duration::from_secs(20))
+                .send()
+                .await
+                .map_or(0, |r| r.status().as_u16());
+            (r, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    stack.kill_control_plane();
+    let (status, took) = waiting.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+
+    // Back: the session reopens and decisions are the control plane's again.
+    stack.restart_control_plane().await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            stack.metric("sgl_router_filter_sessions").await == 1.0
+        })
+        .await,
+        "the session did not come back"
+    );
+    let routed_before = stack.metric("sgl_router_requests_total").await;
+    let after = burst(&stack, 8, "after").await;
+    assert!(after.iter().all(|(s, _)| *s == 200), "{after:?}");
+    let routed = stack.metric("sgl_router_requests_total").await - routed_before;
+    assert_eq!(
+        routed, 8.0,
+        "requests routed by the control plane after it returned"
+    );
+    assert!(stack.wait_loads_zero(Duration::from_secs(2)).await);
+}
+
+#[tokio::test]
+async fn an_envoy_killed_under_load_has_its_requests_released_at_once() {
+    let mut stack = Stack::start(StackOptions {
+        worker_args: vec!["--decode-us-per-token".into(), "20000".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // 16 requests of ~4 s each are in flight when Envoy dies.
+    let url = stack.url("/v1/completions");
+    let _clients: Vec<_> = (0..16)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let body = json!({"model": "m", "prompt": format!("long {i}"), "max_tokens": 200});
+                reqwest::Client::new().post(url).json(&body).send().await
+            })
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            counted(&stack).await == 16
+        })
+        .await,
+        "loads before the crash: {:?}",
+        stack.admin_loads().await
+    );
+    stack.kill_envoy();
+    let killed = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(2), || async {
+            counted(&stack).await == 0
+        })
+        .await,
+        "loads 2 s after Envoy died: {:?} (the requests would end in ~4 s)",
+        stack.admin_loads().await
+    );
+    eprintln!("released {:?} after the crash", killed.elapsed());
+}
+
+/// Requests the control plane counts, read from its own admin port.
+async fn counted(stack: &Stack) -> u64 {
+    stack.admin_loads().await.iter().map(|(_, l)| *l).sum()
+}
