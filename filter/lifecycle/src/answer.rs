@@ -10,7 +10,7 @@ use sglang_envoy_body::{is_worker_failure, merge_first_sse_event, merge_input_lo
 use sglang_envoy_proto::{Completion, PrefillOutcome};
 
 use crate::completion::EndFacts;
-use crate::lifecycle::{Lifecycle, Mode, State};
+use crate::lifecycle::{Lifecycle, Load, Mode, State};
 use crate::names::DECODE_ERROR_GRACE;
 use crate::reply::LocalReply;
 
@@ -191,10 +191,11 @@ impl Lifecycle {
                 // A failed answer counts against its workers at once; not
                 // in PD mode, where a decode's failure may be its
                 // prefill's: the end tells.
-                let report =
-                    (self.asked && self.mode == Mode::Regular && is_worker_failure(head.status))
-                        .then(|| self.completion(&facts(), true))
-                        .filter(|c| !c.local_reply && is_worker_failure(c.http_status));
+                let report = (self.load == Load::Counted
+                    && self.mode == Mode::Regular
+                    && is_worker_failure(head.status))
+                .then(|| self.completion(&facts(), true))
+                .filter(|c| !c.local_reply && is_worker_failure(c.http_status));
                 ResponseStep::Continue {
                     release: pass(head.sse),
                     report,

@@ -3,7 +3,7 @@
 
 use sglang_envoy_proto::Completion;
 
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{Lifecycle, Load};
 
 /// What the host says about a request's answer (Envoy's `response.*` and
 /// `upstream.*` attributes).
@@ -45,8 +45,14 @@ impl Lifecycle {
     }
 
     /// The request ended: its completion, to report when the control plane
-    /// may have counted it.
-    pub fn end(&self, facts: &EndFacts) -> Option<Completion> {
-        self.asked().then(|| self.completion(facts, false))
+    /// may have counted it and it was not reported yet (a host may report
+    /// as the answer's last byte leaves, before the client can ask for the
+    /// loads, and again when the stream is gone).
+    pub fn end(&mut self, facts: &EndFacts) -> Option<Completion> {
+        if self.load != Load::Counted {
+            return None;
+        }
+        self.load = Load::Released;
+        Some(self.completion(facts, false))
     }
 }

@@ -141,6 +141,18 @@ pub struct Forward {
     pub worker: String,
 }
 
+/// Whether the control plane counts load under a request's ticket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Load {
+    /// No question was sent: nothing to release.
+    Uncounted,
+    /// A question was sent: the control plane may count load from then
+    /// on, so the end must be reported.
+    Counted,
+    /// The end was reported.
+    Released,
+}
+
 /// One request through the router. See the crate documentation.
 #[derive(Debug)]
 pub struct Lifecycle {
@@ -148,9 +160,8 @@ pub struct Lifecycle {
     pub(crate) settings: Settings,
     pub(crate) mode: Mode,
     ticket: u64,
-    /// A question was sent: the control plane may count load under the
-    /// ticket from then on, so the end must be reported.
-    pub(crate) asked: bool,
+    /// Whether the control plane may count load under the ticket.
+    pub(crate) load: Load,
     route: Option<Route>,
     path: String,
     method: String,
@@ -171,7 +182,7 @@ impl Lifecycle {
             settings,
             mode: Mode::Regular,
             ticket,
-            asked: false,
+            load: Load::Uncounted,
             route: None,
             path: String::new(),
             method: String::new(),
@@ -215,7 +226,7 @@ impl Lifecycle {
 
     /// A question was sent, so the end must be reported.
     pub fn asked(&self) -> bool {
-        self.asked
+        self.load != Load::Uncounted
     }
 
     /// The request went on towards a worker.
@@ -254,7 +265,7 @@ impl Lifecycle {
                 HeadStep::ReadBody
             }
             Ok(Endpoint::Info) => {
-                self.asked = true;
+                self.load = Load::Counted;
                 self.state = State::Asking { with_body: false };
                 HeadStep::Ask(Box::new(self.bare_question()))
             }
@@ -421,7 +432,7 @@ impl Lifecycle {
                 question.body = body.into_owned();
             }
         }
-        self.asked = true;
+        self.load = Load::Counted;
         self.state = State::Asking {
             with_body: attach && self.route.is_some(),
         };

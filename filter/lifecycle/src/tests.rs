@@ -364,7 +364,7 @@ fn sse_is_watched_to_its_end_and_a_hang_up_is_a_cancel() {
         assert_eq!(c.http_status, 200);
     }
     // Reset by the worker is not the client's doing.
-    let lc = forwarded(false, false, false);
+    let mut lc = forwarded(false, false, false);
     let reset = EndFacts {
         code_details: Some("upstream_reset_before_response_started".into()),
         ..Default::default()
@@ -484,7 +484,7 @@ fn a_lost_prefill_outcome_lets_the_decode_answer_through() {
 
 #[test]
 fn a_client_gone_while_the_prefill_runs_is_a_cancel() {
-    let lc = forwarded(true, false, false);
+    let mut lc = forwarded(true, false, false);
     let c = lc.end(&EndFacts::default()).unwrap();
     assert!(c.client_cancelled);
     assert_eq!((c.ticket, c.http_status), (7, 0));
@@ -625,4 +625,12 @@ fn tickets_are_distinct_and_never_zero() {
     let t = TicketSource::new(u64::MAX - 1);
     let got: Vec<u64> = (0..3).map(|_| t.next()).collect();
     assert_eq!(got, [u64::MAX, 1, 2]);
+}
+
+#[test]
+fn the_end_is_reported_once() {
+    let mut lc = forwarded(false, false, false);
+    assert!(lc.end(&EndFacts::default()).is_some());
+    assert_eq!(lc.end(&EndFacts::default()), None, "already reported");
+    assert!(lc.asked(), "still a request the control plane counted");
 }
