@@ -82,11 +82,16 @@ impl Session {
                 Some(SessionDown {
                     ticket,
                     route: Some(response),
+                    ended: false,
                 })
             }
             Kind::End(completion) => {
                 self.end(&completion);
-                None
+                up.ack_end.then_some(SessionDown {
+                    ticket: completion.ticket,
+                    route: None,
+                    ended: true,
+                })
             }
         }
     }

@@ -33,6 +33,12 @@ pub struct FilterConfig {
     pub max_buffered_bytes: usize,
     /// A request whose body makes no progress for this long gets 408.
     pub body_idle_timeout_ms: u64,
+    /// Hold an answer's last bytes until the control plane has counted the
+    /// request's end (one round trip on the session stream), so a client
+    /// that has its answer never finds its request in `/get_loads`.
+    /// `false` reports the end without waiting (a little less latency and
+    /// CPU; the count then lags the answer by up to a millisecond or so).
+    pub exact_loads: bool,
     /// Tests only: a request carrying this header traps the VM, to prove
     /// that Envoy replaces a failed VM (`failure_policy: FAIL_RELOAD`).
     /// Never set in production.
@@ -62,6 +68,7 @@ impl Default for FilterConfig {
             // Well under a client's patience, far over any pause between
             // the packets of a healthy upload.
             body_idle_timeout_ms: 4000,
+            exact_loads: true,
             test_trap_header: None,
         }
     }

@@ -21,7 +21,7 @@ use crate::fallback::Fallback;
 use crate::host;
 use crate::http::{Request, RequestContext, Shared};
 use crate::reply::send_reply_for;
-use crate::session::Session;
+use crate::session::{Session, Wait};
 
 /// Completions sent in one `Complete` call.
 const REPORT_BATCH: usize = 1024;
@@ -134,7 +134,11 @@ impl Context for Root {
                 return;
             }
         };
-        if let Some(context) = self.shared.session.answered(down.ticket) {
+        if down.ended {
+            if let Some(context) = self.shared.session.answered(down.ticket, Wait::Counted) {
+                self.act_for(context, Request::end_counted);
+            }
+        } else if let Some(context) = self.shared.session.answered(down.ticket, Wait::Answer) {
             self.act_for(context, |r| r.session_answer(down.route));
         }
     }
@@ -148,8 +152,8 @@ impl Context for Root {
                 stranded.len()
             );
         }
-        for context in stranded {
-            self.act_for(context, |r| r.session_answer(None));
+        for (context, wait) in stranded {
+            self.act_for(context, |r| r.wait_over(wait));
         }
     }
 }
@@ -237,9 +241,9 @@ impl Root {
         if self.shared.session.waiting() == 0 {
             return;
         }
-        for context in self.shared.session.expired(self.get_current_time()) {
+        for (context, wait) in self.shared.session.expired(self.get_current_time()) {
             warn!("no answer on the control plane session in time for request {context}");
-            self.act_for(context, |r| r.session_answer(None));
+            self.act_for(context, |r| r.wait_over(wait));
         }
     }
 

@@ -44,10 +44,21 @@ enum Link {
     Up { token: u32 },
 }
 
-/// A question waiting for its answer on the stream.
+/// What a request waits for on the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Wait {
+    /// The answer to its routing question.
+    Answer,
+    /// The control plane to have counted its end (its answer's last bytes
+    /// are held until then).
+    Counted,
+}
+
+/// A request waiting on the stream.
 #[derive(Debug, Clone, Copy)]
 struct Waiter {
     context: u32,
+    wait: Wait,
     deadline: SystemTime,
 }
 
@@ -55,7 +66,8 @@ struct Inner {
     /// The root context, which owns the stream (sends are made as it).
     root: u32,
     link: Link,
-    /// Questions on the stream by ticket.
+    /// Requests waiting on the stream, by ticket (a request waits for its
+    /// answer, later for its end to be counted, never both at once).
     waiting: HashMap<u64, Waiter>,
 }
 
@@ -86,20 +98,46 @@ impl Session {
     /// before `deadline`. False when it could not be sent (the caller asks
     /// with a call of its own).
     pub fn ask(&self, context: u32, ticket: u64, message: &[u8], deadline: SystemTime) -> bool {
-        if !self.send(context, message) {
-            return false;
-        }
-        self.0
-            .borrow_mut()
-            .waiting
-            .insert(ticket, Waiter { context, deadline });
-        true
+        self.send_and_wait(context, ticket, message, Wait::Answer, deadline)
     }
 
     /// Reports a request's end from `context`. False when it could not be
     /// sent (the caller queues it for the root's batched report).
     pub fn report(&self, context: u32, message: &[u8]) -> bool {
         self.send(context, message)
+    }
+
+    /// Reports the end of `ticket` from `context` and waits, until
+    /// `deadline` at most, for the control plane to say it counted it.
+    /// False when it could not be sent.
+    pub fn report_and_wait(
+        &self,
+        context: u32,
+        ticket: u64,
+        message: &[u8],
+        deadline: SystemTime,
+    ) -> bool {
+        self.send_and_wait(context, ticket, message, Wait::Counted, deadline)
+    }
+
+    fn send_and_wait(
+        &self,
+        context: u32,
+        ticket: u64,
+        message: &[u8],
+        wait: Wait,
+        deadline: SystemTime,
+    ) -> bool {
+        if !self.send(context, message) {
+            return false;
+        }
+        let waiter = Waiter {
+            context,
+            wait,
+            deadline,
+        };
+        self.0.borrow_mut().waiting.insert(ticket, waiter);
+        true
     }
 
     /// The request with `ticket` no longer waits (it ended).
@@ -179,19 +217,19 @@ impl Session {
         }
     }
 
-    /// The answer about `ticket` arrived on the stream: the context that
-    /// waits for it, if one still does.
-    pub fn answered(&self, ticket: u64) -> Option<u32> {
-        self.0
-            .borrow_mut()
-            .waiting
-            .remove(&ticket)
-            .map(|w| w.context)
+    /// `wait` about `ticket` is over (its message arrived on the stream):
+    /// the context that waits for it, if one still does.
+    pub fn answered(&self, ticket: u64, wait: Wait) -> Option<u32> {
+        let mut inner = self.0.borrow_mut();
+        match inner.waiting.get(&ticket) {
+            Some(w) if w.wait == wait => inner.waiting.remove(&ticket).map(|w| w.context),
+            _ => None,
+        }
     }
 
-    /// Stream `token` ended at `now`: every question on it is over (their
+    /// Stream `token` ended at `now`: every wait on it is over (the
     /// contexts are returned) and the next attempt waits for the backoff.
-    pub fn closed(&self, token: u32, now: SystemTime) -> Vec<u32> {
+    pub fn closed(&self, token: u32, now: SystemTime) -> Vec<(u32, Wait)> {
         if !self.owns(token) {
             return Vec::new();
         }
@@ -205,11 +243,15 @@ impl Session {
             retry_at: now + backoff,
             backoff: (backoff * 2).min(MAX_BACKOFF),
         };
-        inner.waiting.drain().map(|(_, w)| w.context).collect()
+        inner
+            .waiting
+            .drain()
+            .map(|(_, w)| (w.context, w.wait))
+            .collect()
     }
 
-    /// Questions whose deadline passed before `now`; they are removed.
-    pub fn expired(&self, now: SystemTime) -> Vec<u32> {
+    /// Waits whose deadline passed before `now`; they are removed.
+    pub fn expired(&self, now: SystemTime) -> Vec<(u32, Wait)> {
         let mut inner = self.0.borrow_mut();
         let late: Vec<u64> = inner
             .waiting
@@ -219,11 +261,11 @@ impl Session {
             .collect();
         late.iter()
             .filter_map(|t| inner.waiting.remove(t))
-            .map(|w| w.context)
+            .map(|w| (w.context, w.wait))
             .collect()
     }
 
-    /// How many questions wait on the stream.
+    /// How many requests wait on the stream.
     pub fn waiting(&self) -> usize {
         self.0.borrow().waiting.len()
     }
@@ -243,9 +285,12 @@ mod tests {
     }
 
     fn wait(s: &Session, ticket: u64, context: u32, deadline: SystemTime) {
-        s.0.borrow_mut()
-            .waiting
-            .insert(ticket, Waiter { context, deadline });
+        let waiter = Waiter {
+            context,
+            wait: Wait::Answer,
+            deadline,
+        };
+        s.0.borrow_mut().waiting.insert(ticket, waiter);
     }
 
     #[test]
@@ -266,9 +311,14 @@ mod tests {
         up(&s, 7);
         wait(&s, 100, 11, at(50));
         wait(&s, 200, 12, at(50));
-        assert_eq!(s.answered(200), Some(12));
-        assert_eq!(s.answered(200), None);
-        assert_eq!(s.answered(100), Some(11));
+        assert_eq!(
+            s.answered(200, Wait::Counted),
+            None,
+            "not what it waits for"
+        );
+        assert_eq!(s.answered(200, Wait::Answer), Some(12));
+        assert_eq!(s.answered(200, Wait::Answer), None);
+        assert_eq!(s.answered(100, Wait::Answer), Some(11));
         assert_eq!(s.waiting(), 0);
     }
 
@@ -281,7 +331,7 @@ mod tests {
         assert!(s.closed(3, at(10)).is_empty(), "not our stream");
         let mut ended = s.closed(7, at(10));
         ended.sort();
-        assert_eq!(ended, [11, 12]);
+        assert_eq!(ended, [(11, Wait::Answer), (12, Wait::Answer)]);
         assert!(!s.due(at(10 + 99)));
         assert!(s.due(at(10 + 100)));
         // Failing again waits longer, up to the cap.
@@ -301,8 +351,12 @@ mod tests {
         up(&s, 7);
         wait(&s, 100, 11, at(50));
         wait(&s, 200, 12, at(80));
-        assert_eq!(s.expired(at(60)), [11]);
-        assert_eq!(s.answered(100), None, "an expired question gets no answer");
+        assert_eq!(s.expired(at(60)), [(11, Wait::Answer)]);
+        assert_eq!(
+            s.answered(100, Wait::Answer),
+            None,
+            "an expired question gets no answer"
+        );
         s.forget(200);
         assert!(s.expired(at(1_000)).is_empty());
     }

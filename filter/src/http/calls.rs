@@ -15,7 +15,7 @@ use sglang_envoy_proto::{
 
 use super::steps::Flow;
 use super::Request;
-use crate::session::MAX_QUESTION_BYTES;
+use crate::session::{Wait, MAX_QUESTION_BYTES};
 
 /// The longest a failed answer waits for its report to be taken.
 const REPORT_WAIT: Duration = Duration::from_millis(250);
@@ -59,22 +59,46 @@ impl Request {
         self.route_answered(response.map(Ok));
     }
 
+    /// A wait on the session stream is over without its message (the
+    /// stream broke, or the deadline passed).
+    pub fn wait_over(&mut self, wait: Wait) {
+        match wait {
+            Wait::Answer => self.session_answer(None),
+            // Counted or not, the answer goes on.
+            Wait::Counted => self.end_counted(),
+        }
+    }
+
+    /// The control plane counted the end: the answer's last bytes go on.
+    pub fn end_counted(&mut self) {
+        self.resume_http_response();
+    }
+
     /// Reports the request's end: on the session stream at once, or, while
-    /// there is none, in the root context's next batch.
-    pub(super) fn report_end(&mut self, completion: Completion) {
+    /// there is none, in the root context's next batch. With `hold`, the
+    /// answer's last bytes wait until the control plane has counted it;
+    /// true when they must wait (the caller pauses them).
+    pub(super) fn report_end(&mut self, completion: Completion, hold: bool) -> bool {
+        let ticket = completion.ticket;
         let up = SessionUp {
             kind: Some(Kind::End(completion)),
+            ack_end: hold,
         };
-        if self
-            .shared
-            .session
-            .report(self.context_id, &up.encode_to_vec())
-        {
-            return;
+        let message = up.encode_to_vec();
+        let session = &self.shared.session;
+        let sent = if hold {
+            let deadline = self.get_current_time() + REPORT_WAIT;
+            session.report_and_wait(self.context_id, ticket, &message, deadline)
+        } else {
+            session.report(self.context_id, &message)
+        };
+        if sent {
+            return hold;
         }
         if let Some(Kind::End(completion)) = up.kind {
             self.shared.queue.push(completion);
         }
+        false
     }
 
     /// Calls `method` of the control plane with `message`; false when it
@@ -110,6 +134,7 @@ impl Request {
             let ticket = request.ticket;
             let up = SessionUp {
                 kind: Some(Kind::Route(request)),
+                ack_end: false,
             };
             let deadline = self.get_current_time() + self.route_timeout();
             let session = &self.shared.session;

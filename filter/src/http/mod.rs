@@ -238,7 +238,11 @@ impl HttpContext for Request {
         };
         let elapsed_us = self.elapsed_us();
         let step = self.lc.on_response_head(head, || end_facts(elapsed_us));
-        self.response_head_step(step)
+        let action = self.response_head_step(step);
+        if end_of_stream && action == Action::Continue && self.answer_sent() {
+            return Action::Pause;
+        }
+        action
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
@@ -250,25 +254,32 @@ impl HttpContext for Request {
         } else {
             Vec::new()
         };
-        match self.lc.on_response_body(&chunk, end_of_stream) {
+        let action = match self.lc.on_response_body(&chunk, end_of_stream) {
             BodyStep::Pass => {
                 self.response_held = 0;
                 Action::Continue
             }
             BodyStep::Hold => {
                 self.response_held = size;
-                Action::Pause
+                return Action::Pause;
             }
             BodyStep::Replace(body) => {
                 self.set_http_response_body(0, size, &body);
                 self.response_held = 0;
                 Action::Continue
             }
+        };
+        if end_of_stream && self.answer_sent() {
+            return Action::Pause;
         }
+        action
     }
 
     fn on_http_response_trailers(&mut self, _trailers: usize) -> Action {
         self.lc.on_response_end();
+        if self.answer_sent() {
+            return Action::Pause;
+        }
         Action::Continue
     }
 
@@ -280,7 +291,22 @@ impl HttpContext for Request {
         }
         self.reservation.release();
         if let Some(completion) = self.lc.end(&end_facts(self.elapsed_us())) {
-            self.report_end(completion);
+            self.report_end(completion, false);
+        }
+    }
+}
+
+impl Request {
+    /// The answer's last bytes are about to go to the client: report the
+    /// end now (`on_log` comes after the client has them). True when they
+    /// must wait until the control plane has counted it (`exact_loads`).
+    fn answer_sent(&mut self) -> bool {
+        match self.lc.end(&end_facts(self.elapsed_us())) {
+            Some(completion) => {
+                let hold = self.shared.config.exact_loads;
+                self.report_end(completion, hold)
+            }
+            None => false,
         }
     }
 }
