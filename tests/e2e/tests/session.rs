@@ -113,15 +113,49 @@ async fn ten_thousand_answers_each_reach_the_request_that_asked() {
 
 #[tokio::test]
 async fn loads_read_zero_right_after_each_answer() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        // ext_proc learns of the end when Envoy closes its stream, after
+        // the client has the answer (it does not watch JSON answers' bodies).
+        eprintln!("the wasm filter reports the end before the answer's last byte; ext_proc after");
+        return;
+    }
     let stack = Stack::with_workers(2).await;
-    for i in 0..50 {
-        let body = format!(r#"{{"model":"m","prompt":"one by one {i}","max_tokens":3}}"#);
-        assert_eq!(stack.post("/v1/completions", &body).await.status(), 200);
-        let loads = stack.loads().await;
-        assert!(
-            !loads.is_empty() && loads.iter().all(|(_, l)| *l == 0),
-            "after request {i}: {loads:?}"
-        );
+    // Until its session is up, a VM reports ends in a batch every 20 ms.
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            stack.metric("sgl_router_filter_sessions").await == 1.0
+        })
+        .await
+    );
+    // One client, kept alive: the loads are read within a millisecond or
+    // so of the answer (a new client would take longer to build than a
+    // batched report takes to go out).
+    let client = reqwest::Client::new();
+    for i in 0..100 {
+        let body = json!({"model": "m", "prompt": format!("one by one {i}"), "max_tokens": 3});
+        let r = client
+            .post(stack.url("/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        let loads: serde_json::Value = client
+            .get(stack.url("/get_loads"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let busy: Vec<_> = loads["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["load"] != 0)
+            .collect();
+        assert!(busy.is_empty(), "after request {i}: {loads}");
     }
 }
 
