@@ -13,7 +13,8 @@ pub struct FilterConfig {
     pub route_timeout_ms: u64,
     /// Largest request body accepted; larger bodies get 413.
     pub max_body_bytes: usize,
-    /// How often finished requests are reported to the control plane.
+    /// The root context's tick: it (re)opens the session stream, times out
+    /// questions on it, and reports ends in a batch while it is down.
     pub report_interval_ms: u64,
     /// Header read by the worker cluster's `override_host` policy.
     pub endpoint_header: String,

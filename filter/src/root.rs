@@ -92,7 +92,16 @@ impl Context for Root {
                     .get_grpc_call_response_body(0, size)
                     .unwrap_or_default();
                 match WorkersSnapshot::decode(bytes.as_slice()) {
-                    Ok(s) => self.shared.fallback.update(self.get_current_time(), s),
+                    Ok(s) => {
+                        if s.pd {
+                            // The control plane sends the prefill half
+                            // itself, so it needs every body: send them
+                            // from the first question on (no `NeedBody`
+                            // round trip).
+                            self.shared.send_body.set(true);
+                        }
+                        self.shared.fallback.update(self.get_current_time(), s)
+                    }
                     Err(e) => warn!("unreadable worker list from the control plane: {e}"),
                 }
             }
