@@ -6,7 +6,7 @@ use std::sync::Arc;
 use sglang_envoy_lifecycle::{wire, Question};
 use sglang_envoy_proto::router_server::Router;
 use sglang_envoy_proto::{
-    AdmissionOutcome, AdmissionWait, CompleteRequest, CompleteResponse, PrefillOutcome,
+    AdmissionOutcome, AdmissionWait, CompleteRequest, CompleteResponse, Completion, PrefillOutcome,
     PrefillWait, RouteRequest, RouteResponse, SessionDown, SessionUp, WorkersRequest,
     WorkersSnapshot,
 };
@@ -65,14 +65,7 @@ impl Router for RouterService {
         request: Request<CompleteRequest>,
     ) -> Result<Response<CompleteResponse>, Status> {
         for c in &request.get_ref().completions {
-            if c.outcome_only {
-                self.engine.record_outcome(c);
-                continue;
-            }
-            if let Some(worker) = self.engine.complete(c) {
-                let health = self.health.clone();
-                tokio::spawn(async move { health.suspect(&worker).await });
-            }
+            take_completion(&self.engine, &self.health, c);
         }
         Ok(Response::new(CompleteResponse {}))
     }
@@ -98,5 +91,19 @@ impl Router for RouterService {
         _request: Request<WorkersRequest>,
     ) -> Result<Response<WorkersSnapshot>, Status> {
         Ok(Response::new(self.engine.snapshot()))
+    }
+}
+
+/// What a filter reports of a request, however it came (a `Complete` call
+/// or the session): what its answer says of the workers tried, or its end,
+/// which releases its load (a worker Envoy failed over from is checked).
+pub fn take_completion(engine: &Engine, health: &Arc<HealthChecker>, c: &Completion) {
+    if c.outcome_only {
+        engine.record_outcome(c);
+        return;
+    }
+    if let Some(worker) = engine.complete(c) {
+        let health = health.clone();
+        tokio::spawn(async move { health.suspect(&worker).await });
     }
 }

@@ -18,6 +18,7 @@ use tonic::{Status, Streaming};
 use tracing::{debug, warn};
 
 use crate::engine::Engine;
+use crate::service::take_completion;
 use crate::workers::HealthChecker;
 
 /// Answers not yet taken by Envoy before the session stops reading
@@ -98,17 +99,10 @@ impl Session {
 
     /// A request ended: its load is released.
     fn end(&mut self, c: &Completion) {
-        self.open.remove(&c.ticket);
-        if c.outcome_only {
-            // Not an end (the filter sends those to `Complete`); counted
-            // anyway rather than dropped.
-            self.engine.record_outcome(c);
-            return;
+        if !c.outcome_only {
+            self.open.remove(&c.ticket);
         }
-        if let Some(worker) = self.engine.complete(c) {
-            let health = self.health.clone();
-            tokio::spawn(async move { health.suspect(&worker).await });
-        }
+        take_completion(&self.engine, &self.health, c);
     }
 }
 
@@ -133,5 +127,93 @@ fn holds_load(response: &sglang_envoy_proto::RouteResponse) -> bool {
         Some(route_response::Outcome::Decision(d)) => d.ticket != 0,
         Some(route_response::Outcome::Queued(_)) => true,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use sglang_envoy_core::workers::WorkerSpec;
+    use sglang_envoy_proto::RouteRequest;
+
+    use super::*;
+    use crate::config::Args;
+    use crate::engine::tests::engine_with;
+    use crate::engine::EngineOptions;
+
+    fn session() -> (Session, Arc<Engine>) {
+        let engine = Arc::new(engine_with(
+            EngineOptions::default(),
+            &[(1, WorkerSpec::REGULAR, None)],
+        ));
+        let args = Args::parse_from(["cp"]);
+        let health = Arc::new(HealthChecker::new(
+            engine.registry().clone(),
+            &args,
+            reqwest::Client::new(),
+        ));
+        (Session::new(engine.clone(), health), engine)
+    }
+
+    fn question(ticket: u64) -> SessionUp {
+        SessionUp {
+            kind: Some(Kind::Route(RouteRequest {
+                path: "/generate".into(),
+                method: "POST".into(),
+                ticket,
+                ..Default::default()
+            })),
+            ack_end: false,
+        }
+    }
+
+    fn end(ticket: u64, ack_end: bool) -> SessionUp {
+        SessionUp {
+            kind: Some(Kind::End(Completion {
+                ticket,
+                http_status: 200,
+                ..Default::default()
+            })),
+            ack_end,
+        }
+    }
+
+    fn load(engine: &Engine) -> usize {
+        engine.registry().all().iter().map(|w| w.load()).sum()
+    }
+
+    #[tokio::test]
+    async fn answers_carry_their_ticket_and_an_end_is_acknowledged_when_asked() {
+        let (mut s, engine) = session();
+        let down = s.take(question(7)).unwrap();
+        assert_eq!(down.ticket, 7);
+        assert!(!down.ended && holds_load(down.route.as_ref().unwrap()));
+        assert_eq!(load(&engine), 1);
+        assert_eq!(s.take(end(7, false)), None, "no acknowledgement asked");
+        assert_eq!(load(&engine), 0);
+        s.take(question(8));
+        let ack = s.take(end(8, true)).unwrap();
+        assert!(ack.ended && ack.route.is_none());
+        assert_eq!(ack.ticket, 8);
+    }
+
+    #[tokio::test]
+    async fn an_ended_session_releases_what_it_answered_and_nothing_else() {
+        let (mut s, engine) = session();
+        s.take(question(1));
+        s.take(question(2));
+        s.take(end(1, false));
+        // Answered on another session (or by a call): not this one's.
+        let other = Question::from(RouteRequest {
+            path: "/generate".into(),
+            method: "POST".into(),
+            ticket: 3,
+            ..Default::default()
+        });
+        assert!(engine.route(&other).is_ok());
+        assert_eq!(load(&engine), 2);
+        drop(s);
+        assert_eq!(load(&engine), 1, "ticket 2 released, ticket 3 kept");
+        assert_eq!(engine.in_flight(), 1);
     }
 }
