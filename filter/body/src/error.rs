@@ -16,4 +16,7 @@ pub enum BodyError {
     /// A value handed to [`crate::RequestBody::with_fields`] is not JSON.
     #[error("value to inject for `{0}` is not valid JSON")]
     InvalidInjection(String),
+    /// A [`crate::Layout`] was asked to edit a body other than its own.
+    #[error("the body changed since it was parsed")]
+    NotItsBody,
 }

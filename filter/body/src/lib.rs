@@ -8,6 +8,7 @@
 //! into the original bytes.
 
 mod error;
+mod layout;
 mod logprobs;
 mod openai_error;
 mod parse;
@@ -18,6 +19,7 @@ mod text;
 pub mod wire;
 
 pub use error::BodyError;
+pub use layout::Layout;
 pub use logprobs::{merge_first_sse_event, merge_input_logprobs, prefill_input_logprobs, SseMerge};
 pub use openai_error::openai_error_json;
 pub use parse::{RequestBody, MAX_DEPTH, MAX_FIELDS};

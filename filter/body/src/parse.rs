@@ -5,6 +5,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::layout::{Key, Layout, Span};
 use crate::BodyError;
 
 /// Deepest nesting of arrays and objects a body may have, the top-level
@@ -86,48 +87,30 @@ impl<'a> RequestBody<'a> {
     /// place, new keys are appended before the closing brace. Every other byte
     /// is the client's. When `fields` names a key twice, the last one wins.
     pub fn with_fields(&self, fields: &[(&str, &str)]) -> Result<Vec<u8>, BodyError> {
-        // (start, end, replacement): sorted, non-overlapping edits of `raw`.
-        let mut edits: Vec<(usize, usize, Vec<u8>)> = Vec::with_capacity(fields.len());
-        let mut appended = Vec::new();
-        for (i, &(key, value)) in fields.iter().enumerate() {
-            if fields[i + 1..].iter().any(|(k, _)| *k == key) {
-                continue; // a later entry sets this key
-            }
-            if serde_json::from_str::<&RawValue>(value).is_err() {
-                return Err(BodyError::InvalidInjection(key.to_string()));
-            }
-            let mut found = false;
-            for f in self.fields.iter().filter(|f| f.key == key) {
-                found = true;
-                let end = f.start + f.value.get().len();
-                edits.push((f.start, end, value.as_bytes().to_vec()));
-            }
-            if !found {
-                if !self.fields.is_empty() || !appended.is_empty() {
-                    appended.push(b',');
-                }
-                let quoted = serde_json::to_string(key)
-                    .map_err(|_| BodyError::InvalidInjection(key.to_string()))?;
-                appended.extend_from_slice(quoted.as_bytes());
-                appended.push(b':');
-                appended.extend_from_slice(value.as_bytes());
-            }
-        }
-        if !appended.is_empty() {
-            edits.push((self.close, self.close, appended));
-        }
-        edits.sort_by_key(|e| e.0);
+        self.layout().with_fields(self.raw, fields)
+    }
 
-        let extra: usize = edits.iter().map(|e| e.2.len()).sum();
-        let mut out = Vec::with_capacity(self.raw.len() + extra);
-        let mut at = 0;
-        for (start, end, bytes) in edits {
-            out.extend_from_slice(&self.raw[at..start]);
-            out.extend_from_slice(&bytes);
-            at = end;
-        }
-        out.extend_from_slice(&self.raw[at..]);
-        Ok(out)
+    /// Where the fields are, to edit this body later without this parse
+    /// (and without keeping the body: a few words per field).
+    pub fn layout(&self) -> Layout {
+        let base = self.raw.as_ptr() as usize;
+        let spans = self
+            .fields
+            .iter()
+            .map(|f| Span {
+                key: match &f.key {
+                    // Borrowed from `raw`: its address gives its offset.
+                    Cow::Borrowed(k) => {
+                        let at = k.as_ptr() as usize - base;
+                        Key::At(at, at + k.len())
+                    }
+                    Cow::Owned(k) => Key::Text(k.clone()),
+                },
+                start: f.start,
+                end: f.start + f.value.get().len(),
+            })
+            .collect();
+        Layout::new(self.raw.len(), self.close, spans)
     }
 }
 

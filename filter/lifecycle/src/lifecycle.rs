@@ -4,7 +4,9 @@
 
 use std::borrow::Cow;
 
-use sglang_envoy_body::{too_large, Endpoint, Head, Refusal, RequestBody, Route};
+use sglang_envoy_body::{
+    too_large, BodyError, Endpoint, Head, Layout, Refusal, RequestBody, Route,
+};
 use sglang_envoy_proto::AdmissionOutcome;
 
 use crate::answer::Answer as AnswerState;
@@ -172,6 +174,8 @@ pub struct Lifecycle {
     pub(crate) status: u32,
     /// The answer reached its end (as opposed to a hang-up or a reset).
     pub(crate) response_done: bool,
+    /// Where the body's fields are, from the one parse of the body.
+    layout: Option<Layout>,
 }
 
 impl Lifecycle {
@@ -191,6 +195,7 @@ impl Lifecycle {
             body_bytes: 0,
             status: 0,
             response_done: false,
+            layout: None,
         }
     }
 
@@ -426,6 +431,8 @@ impl Lifecycle {
             };
             question.routing_text = parsed.routing_text(route).into_bytes();
             question.stream = parsed.is_stream();
+            // Kept so the decision's fields go in without a second parse.
+            self.layout = Some(parsed.layout());
             drop(parsed);
             if attach {
                 question.headers = source.headers();
@@ -456,8 +463,16 @@ impl Lifecycle {
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            let edited =
-                RequestBody::parse(&original).and_then(|parsed| parsed.with_fields(&fields));
+            let reparse = || RequestBody::parse(&original)?.with_fields(&fields);
+            let edited = match &self.layout {
+                Some(layout) => match layout.with_fields(&original, &fields) {
+                    // Not the body the layout came from (never expected):
+                    // the slow way.
+                    Err(BodyError::NotItsBody) => reparse(),
+                    other => other,
+                },
+                None => reparse(),
+            };
             match edited {
                 Ok(b) => body = Some(b),
                 Err(e) => {
