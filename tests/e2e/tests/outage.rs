@@ -201,10 +201,18 @@ async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
     if FrontDoor::current() == FrontDoor::ExtProc {
         // Envoy's ext_proc filter can only fail open: the decode half goes
         // out without bootstrap fields and the worker refuses it (400), at
-        // once rather than after a KV timeout. Once the control plane is
-        // back, PD requests succeed again.
+        // once rather than after a KV timeout. As with the filter below, a
+        // request decided just before the kill (at most one per client)
+        // lost its prefill half with the process and fails with the KV
+        // timeout instead. Once the control plane is back, PD requests
+        // succeed again.
+        let refused = failures.iter().filter(|f| f.starts_with("400")).count();
+        let kv_lost = failures
+            .iter()
+            .filter(|f| f.contains("KV transfer failed"))
+            .count();
         assert!(
-            !failures.is_empty() && failures.iter().all(|f| f.starts_with("400")),
+            refused > 0 && kv_lost <= 3 && refused + kv_lost == failures.len(),
             "{} failures: {:?}",
             failures.len(),
             &failures[..failures.len().min(3)]
