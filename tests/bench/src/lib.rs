@@ -1,9 +1,10 @@
 //! Benchmarks of sglang-envoy against sglang-router (the peer): a load
-//! generator (closed loop for overhead, open-loop Poisson replay of a
-//! multi-turn chat schedule for routing quality), process management for the
-//! contenders, fixtures for the criterion benches of the decision engine,
-//! and the report written to `docs/benchmarks.md`. `scripts/bench.sh` runs
-//! it all; every parameter is in [`params`].
+//! generator (closed loop for overhead, streamed SSE answers and PD mode,
+//! open-loop Poisson replay of a multi-turn chat schedule for routing
+//! quality), process management for the contenders (PD fleets too), the
+//! SSE answer of the streaming case, fixtures for the criterion benches of
+//! the decision engine, and the report written to `docs/benchmarks.md`.
+//! `scripts/bench.sh` runs it all; every parameter is in [`params`].
 
 pub mod fixture;
 pub mod loadgen;
@@ -12,5 +13,6 @@ pub mod procs;
 pub mod report;
 pub mod results;
 pub mod scenarios;
+pub mod sse;
 pub mod stats;
 pub mod workload;

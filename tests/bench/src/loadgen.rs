@@ -1,6 +1,6 @@
-//! The load generator: a closed loop of N clients (scenario 1) and an open
-//! loop replaying a schedule (scenario 2), over keep-alive HTTP/1.1
-//! connections.
+//! The load generator: a closed loop of N clients (scenario 1, whole
+//! answers or SSE streams read to `[DONE]`) and an open loop replaying a
+//! schedule (scenario 2), over keep-alive HTTP/1.1 connections.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,8 +10,13 @@ use futures::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::sse::EventCounter;
 use crate::stats::Percentiles;
 use crate::workload::Scheduled;
+
+/// A closed-loop request that takes longer than this fails (a router that
+/// hangs must not hang the bench).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A client with keep-alive connections and no proxy.
 pub fn client(pool: usize) -> anyhow::Result<reqwest::Client> {
@@ -35,6 +40,22 @@ pub struct ClosedLoopResult {
     /// CPU seconds the router used over the measured window (see
     /// `closed_loop`'s `cpu`); `None` when not measured.
     pub cpu_s: Option<f64>,
+    /// SSE chunk events (before `[DONE]`) of the requests counted in
+    /// `rps`, per second; 0 for whole answers.
+    pub chunks_per_s: f64,
+    /// What the first failed request saw (status and the start of the
+    /// answer, or the client's error), for the report.
+    pub first_error: Option<String>,
+}
+
+/// How the closed loop reads an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// The whole body; 2xx is a success.
+    Whole,
+    /// An SSE stream read to its end; a success is 2xx ending with
+    /// `data: [DONE]`.
+    Sse,
 }
 
 /// Runs `concurrency` clients against `url` for `warmup + measure`; each
@@ -50,7 +71,35 @@ pub async fn closed_loop(
     measure: Duration,
     cpu: &dyn Fn() -> Option<f64>,
 ) -> anyhow::Result<ClosedLoopResult> {
-    let client = client(concurrency)?;
+    closed_loop_reading(
+        url,
+        bodies,
+        concurrency,
+        warmup,
+        measure,
+        cpu,
+        Answer::Whole,
+    )
+    .await
+}
+
+/// [`closed_loop`], reading each answer as `answer` says.
+pub async fn closed_loop_reading(
+    url: &str,
+    bodies: Arc<Vec<Vec<u8>>>,
+    concurrency: usize,
+    warmup: Duration,
+    measure: Duration,
+    cpu: &dyn Fn() -> Option<f64>,
+    answer: Answer,
+) -> anyhow::Result<ClosedLoopResult> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(concurrency.max(1))
+        .tcp_nodelay(true)
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .context("building the HTTP client")?;
     let start = Instant::now();
     let (from, until) = (start + warmup, start + warmup + measure);
     let mut tasks = Vec::with_capacity(concurrency);
@@ -58,7 +107,8 @@ pub async fn closed_loop(
         let (client, bodies, url) = (client.clone(), Arc::clone(&bodies), url.to_string());
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
-            let mut errors = 0u64;
+            let (mut errors, mut chunks) = (0u64, 0u64);
+            let mut first_error = None;
             let mut i = c * 7919;
             loop {
                 let sent = Instant::now();
@@ -67,25 +117,19 @@ pub async fn closed_loop(
                 }
                 let body = bodies[i % bodies.len()].clone();
                 i += 1;
-                let ok = match client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                {
-                    Ok(r) => {
-                        let good = r.status().is_success();
-                        r.bytes().await.is_ok() && good
-                    }
-                    Err(_) => false,
-                };
+                let got = request(&client, &url, body, answer).await;
                 let done = Instant::now();
+                let ok = got.is_ok();
                 if sent >= from && done <= until {
-                    if ok {
-                        lat.push((done - sent).as_secs_f64() * 1e3);
-                    } else {
-                        errors += 1;
+                    match got {
+                        Ok(n) => {
+                            lat.push((done - sent).as_secs_f64() * 1e3);
+                            chunks += n;
+                        }
+                        Err(e) => {
+                            errors += 1;
+                            first_error.get_or_insert(e);
+                        }
                     }
                 }
                 if !ok {
@@ -93,7 +137,7 @@ pub async fn closed_loop(
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             }
-            (lat, errors)
+            (lat, errors, chunks, first_error)
         }));
     }
     tokio::time::sleep_until(from.into()).await;
@@ -101,18 +145,76 @@ pub async fn closed_loop(
     tokio::time::sleep_until(until.into()).await;
     let cpu_s = cpu().zip(cpu_from).map(|(b, a)| b - a);
     let mut all = Vec::new();
-    let mut errors = 0;
+    let (mut errors, mut chunks) = (0, 0);
+    let mut first_error = None;
     for t in tasks {
-        let (lat, e) = t.await.context("client task panicked")?;
+        let (lat, e, n, first) = t.await.context("client task panicked")?;
         all.extend(lat);
         errors += e;
+        chunks += n;
+        first_error = first_error.or(first);
     }
     Ok(ClosedLoopResult {
         rps: all.len() as f64 / measure.as_secs_f64(),
         latency_ms: Percentiles::of(&mut all),
         errors,
         cpu_s,
+        chunks_per_s: chunks as f64 / measure.as_secs_f64(),
+        first_error,
     })
+}
+
+/// One closed-loop request: the SSE chunks it got (0 for a whole answer),
+/// or why it failed.
+async fn request(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    answer: Answer,
+) -> Result<u64, String> {
+    let r = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| error_chain(&e))?;
+    let status = r.status();
+    if !status.is_success() {
+        let text = r.text().await.unwrap_or_default();
+        let text: String = text.chars().take(200).collect();
+        return Err(format!("HTTP {}: {}", status.as_u16(), text.trim()));
+    }
+    match answer {
+        Answer::Whole => r.bytes().await.map(|_| 0).map_err(|e| error_chain(&e)),
+        Answer::Sse => {
+            let mut counter = EventCounter::default();
+            let mut stream = r.bytes_stream();
+            while let Some(piece) = stream.next().await {
+                counter.feed(&piece.map_err(|e| error_chain(&e))?);
+            }
+            if counter.done() {
+                Ok(counter.chunks())
+            } else {
+                Err(format!(
+                    "the stream ended without [DONE] after {} events",
+                    counter.chunks()
+                ))
+            }
+        }
+    }
+}
+
+/// `e` and its sources, `: `-separated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
 }
 
 /// What one streamed request of scenario 2 saw.

@@ -1,5 +1,5 @@
-//! `sglang-envoy-bench`: runs scenarios 1 (overhead) and 2 (routing
-//! quality) against every contender, reads scenario 3's results (written by
+//! `sglang-envoy-bench`: runs scenarios 1 (overhead: whole answers, SSE
+//! streams, PD mode) and 2 (routing quality) against every contender, reads scenario 3's results (written by
 //! `bench-engine` and the criterion benches), prints one report with ratios
 //! and goals, and writes it to a file. `scripts/bench.sh` is the way to
 //! call it: it installs, builds and runs the engine benches first.
@@ -9,7 +9,7 @@ use std::process::Command;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use sglang_envoy_bench::params::{Profile, OVERHEAD, PEER_PACKAGE, QUALITY};
+use sglang_envoy_bench::params::{Profile, OVERHEAD, PD, PEER_PACKAGE, QUALITY};
 use sglang_envoy_bench::procs::Paths;
 use sglang_envoy_bench::report::{self, Inputs, RunInfo};
 use sglang_envoy_bench::results::{read_criterion, EngineResults};
@@ -18,7 +18,8 @@ use sglang_envoy_bench::scenarios;
 /// A scenario of the issue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Scenario {
-    /// 1: router overhead in front of an instant worker.
+    /// 1: router overhead in front of an instant worker (whole answers
+    /// and SSE streams), and in PD mode in front of simulated workers.
     Overhead,
     /// 2: routing quality on a multi-turn chat workload.
     Quality,
@@ -223,9 +224,12 @@ async fn main() -> anyhow::Result<()> {
     if cli.scenarios.contains(&Scenario::Overhead) {
         eprintln!("==> scenario 1: overhead");
         let contenders: Vec<_> = OVERHEAD.iter().filter(keep).copied().collect();
-        let rows = scenarios::overhead(&paths, &profile.overhead, &contenders).await?;
-        save(&paths.run_dir, "overhead.json", &rows)?;
-        inputs.overhead = Some(rows);
+        let pd: Vec<_> = PD.iter().filter(keep).copied().collect();
+        let results = scenarios::overhead(&paths, &profile.overhead, &contenders, &pd).await?;
+        save(&paths.run_dir, "overhead.json", &results)?;
+        inputs.overhead = Some(results.cells);
+        inputs.streaming = Some(results.streaming);
+        inputs.pd = Some(results.pd);
     }
     if cli.scenarios.contains(&Scenario::Quality) {
         eprintln!("==> scenario 2: routing quality");

@@ -67,6 +67,13 @@ pub const OVERHEAD: &[Contender] = &[
     Contender::OursExtProc("cache_aware"),
 ];
 
+/// Scenario 1's PD case: this project and the peer in prefill/decode
+/// mode (one prefill and one decode simulated worker), in this order.
+pub const PD: &[Contender] = &[
+    Contender::peer("cache_aware"),
+    Contender::ours("cache_aware"),
+];
+
 /// Scenario 2 contenders, run one after the other on fresh workers. The first
 /// peer entry is the reference the goals compare against.
 pub const QUALITY: &[Contender] = &[
@@ -102,6 +109,68 @@ pub struct OverheadParams {
     /// Distinct bodies per size; clients cycle through them so that the
     /// cache-aware trees see new text, not one prompt over and over.
     pub distinct_bodies: usize,
+    /// The streaming case: the same contenders, streamed chat completions
+    /// answered with SSE.
+    pub stream: StreamParams,
+    /// The PD case: prefill/decode mode on simulated workers.
+    pub pd: PdParams,
+}
+
+/// Scenario 1's streaming case: `bench-instant-worker` answers a
+/// `"stream": true` request with `chunks` chat-completion chunk events,
+/// written one by one as fast as the connection takes them, then
+/// `data: [DONE]`. Warm-up, measured time and rounds are the overhead
+/// cells'.
+#[derive(Debug, Clone)]
+pub struct StreamParams {
+    /// Closed-loop clients, each reading its stream to `[DONE]` before
+    /// sending the next request.
+    pub concurrency: usize,
+    /// Chunk events per answer (the worker's `--sse-chunks`).
+    pub chunks: usize,
+    /// Approximate size of the request bodies.
+    pub body_bytes: usize,
+}
+
+/// Scenario 1's PD case: this project in prefill/decode mode against the
+/// peer's `--pd-disaggregation`, in front of one prefill and one decode
+/// simulated worker (`sglang-sim-worker`, which hands the KV over through
+/// its bootstrap port); a closed loop of small non-streamed chat
+/// completions. Warm-up, measured time and rounds are the overhead cells'.
+#[derive(Debug, Clone)]
+pub struct PdParams {
+    /// Closed-loop clients.
+    pub concurrency: usize,
+    /// Approximate size of the request bodies.
+    pub body_bytes: usize,
+    /// `max_tokens` of each request.
+    pub max_tokens: u32,
+    /// Simulated prefill time per uncached prompt token.
+    pub prefill_us_per_token: u64,
+    /// Simulated time per generated token.
+    pub decode_us_per_token: u64,
+    /// How long a prefill waits for the decode to fetch its KV (and the
+    /// decode for the KV), in milliseconds.
+    pub kv_timeout_ms: u64,
+}
+
+impl PdParams {
+    /// Flags of both simulated workers (the role flags come on top).
+    pub fn sim_args(&self) -> Vec<String> {
+        vec![
+            "--prefill-us-per-token".into(),
+            self.prefill_us_per_token.to_string(),
+            "--decode-us-per-token".into(),
+            self.decode_us_per_token.to_string(),
+            "--disaggregation-timeout-ms".into(),
+            self.kv_timeout_ms.to_string(),
+            // Health checks answer at once (the routers' probes at start).
+            "--health-delay-ms".into(),
+            "0".into(),
+            "--log-level".into(),
+            "warn".into(),
+        ]
+    }
 }
 
 /// Scenario 2: routing quality on a multi-turn chat workload.
@@ -232,6 +301,19 @@ impl Profile {
                 rounds: 2,
                 max_tokens: 8,
                 distinct_bodies: 512,
+                stream: StreamParams {
+                    concurrency: 4,
+                    chunks: 1000,
+                    body_bytes: 1024,
+                },
+                pd: PdParams {
+                    concurrency: 16,
+                    body_bytes: 1024,
+                    max_tokens: 8,
+                    prefill_us_per_token: 1,
+                    decode_us_per_token: 100,
+                    kv_timeout_ms: 3000,
+                },
             },
             quality: QualityParams {
                 workers: 4,

@@ -234,6 +234,46 @@ impl Running {
     }
 }
 
+/// The workers a router is put in front of.
+#[derive(Debug, Clone)]
+pub enum Fleet {
+    /// Regular workers (`--worker-urls`).
+    Regular(Vec<String>),
+    /// Prefill/decode disaggregation: prefill workers with their bootstrap
+    /// ports, and decode workers.
+    Pd {
+        /// `(url, bootstrap port)` of each prefill worker.
+        prefills: Vec<(String, u16)>,
+        /// Decode worker URLs.
+        decodes: Vec<String>,
+    },
+}
+
+impl Fleet {
+    /// The routers' flags naming the workers: the same spelling for this
+    /// project's control plane and the peer (`--worker-urls URL...`, or
+    /// `--pd-disaggregation --prefill URL PORT ... --decode URL ...`).
+    pub fn router_args(&self) -> Vec<String> {
+        match self {
+            Fleet::Regular(urls) => {
+                let mut a = vec!["--worker-urls".to_string()];
+                a.extend(urls.iter().cloned());
+                a
+            }
+            Fleet::Pd { prefills, decodes } => {
+                let mut a = vec!["--pd-disaggregation".to_string()];
+                for (url, port) in prefills {
+                    a.extend(["--prefill".into(), url.clone(), port.to_string()]);
+                }
+                for url in decodes {
+                    a.extend(["--decode".into(), url.clone()]);
+                }
+                a
+            }
+        }
+    }
+}
+
 /// Starts `contender` in front of `workers` and waits until a request
 /// through it reaches a worker. `Direct` is the first worker itself.
 pub async fn start(
@@ -242,23 +282,97 @@ pub async fn start(
     workers: &[String],
     tag: &str,
 ) -> anyhow::Result<Running> {
+    start_in_front(paths, contender, &Fleet::Regular(workers.to_vec()), tag).await
+}
+
+/// [`start`] in front of any [`Fleet`]; `Direct` needs regular workers.
+pub async fn start_in_front(
+    paths: &Paths,
+    contender: Contender,
+    fleet: &Fleet,
+    tag: &str,
+) -> anyhow::Result<Running> {
     match contender {
-        Contender::Direct => Ok(Running {
-            base: workers.first().cloned().context("no worker")?,
-            procs: Vec::new(),
-        }),
-        Contender::Peer(policy) => start_peer(paths, policy, workers, tag).await,
+        Contender::Direct => match fleet {
+            Fleet::Regular(workers) => Ok(Running {
+                base: workers.first().cloned().context("no worker")?,
+                procs: Vec::new(),
+            }),
+            Fleet::Pd { .. } => bail!("`direct` has no meaning in front of a PD fleet"),
+        },
+        Contender::Peer(policy) => start_peer(paths, policy, fleet, tag).await,
         Contender::EnvoyAlone => {
             let tag = format!("{tag}-alone");
-            start_ours(paths, ENVOY_ALONE, "round_robin", workers, &tag).await
+            start_ours(paths, ENVOY_ALONE, "round_robin", fleet, &tag).await
         }
-        Contender::Ours(policy) => {
-            start_ours(paths, "envoy/envoy.yaml", policy, workers, tag).await
-        }
+        Contender::Ours(policy) => start_ours(paths, "envoy/envoy.yaml", policy, fleet, tag).await,
         Contender::OursExtProc(policy) => {
             let tag = format!("{tag}-extproc");
-            start_ours(paths, "envoy/envoy-ext-proc.yaml", policy, workers, &tag).await
+            start_ours(paths, "envoy/envoy-ext-proc.yaml", policy, fleet, &tag).await
         }
+    }
+}
+
+/// One prefill and one decode simulated worker, the prefill serving its
+/// KV on a bootstrap port (which is also the decode's default).
+pub struct PdSims {
+    /// The fleet, for [`start_in_front`].
+    pub fleet: Fleet,
+    prefill: Sims,
+    decode: Sims,
+}
+
+impl PdSims {
+    /// Starts `paths.sim` twice with `args` and the role flags.
+    pub async fn start(paths: &Paths, args: &[String], tag: &str) -> anyhow::Result<PdSims> {
+        let bootstrap = free_port()?;
+        let role = |mode: &str| {
+            let mut a = args.to_vec();
+            a.extend([
+                "--disaggregation-mode".to_string(),
+                mode.to_string(),
+                "--disaggregation-bootstrap-port".into(),
+                bootstrap.to_string(),
+            ]);
+            a
+        };
+        let prefill = Sims::start(
+            paths,
+            &paths.sim,
+            1,
+            &role("prefill"),
+            &format!("{tag}-prefill"),
+        )
+        .await?;
+        let decode = Sims::start(
+            paths,
+            &paths.sim,
+            1,
+            &role("decode"),
+            &format!("{tag}-decode"),
+        )
+        .await?;
+        Ok(PdSims {
+            fleet: Fleet::Pd {
+                prefills: vec![(prefill.urls[0].clone(), bootstrap)],
+                decodes: decode.urls.clone(),
+            },
+            prefill,
+            decode,
+        })
+    }
+
+    /// Each worker's `/_sim/stats`: prefill first.
+    pub async fn stats(&self) -> anyhow::Result<Vec<Value>> {
+        let mut out = self.prefill.stats().await?;
+        out.extend(self.decode.stats().await?);
+        Ok(out)
+    }
+
+    /// Fails when a worker has died.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        self.prefill.check_alive()?;
+        self.decode.check_alive()
     }
 }
 
@@ -284,7 +398,7 @@ fn without_filter(template: &str) -> anyhow::Result<String> {
 async fn start_peer(
     paths: &Paths,
     policy: &str,
-    workers: &[String],
+    fleet: &Fleet,
     tag: &str,
 ) -> anyhow::Result<Running> {
     let (port, metrics) = (free_port()?, free_port()?);
@@ -315,8 +429,7 @@ async fn start_peer(
     );
     args.push("--prometheus-port".into());
     args.push(metrics.to_string());
-    args.push("--worker-urls".into());
-    args.extend(workers.iter().cloned());
+    args.extend(fleet.router_args());
     let mut p = Proc::spawn(
         &format!("{tag}-peer-{policy}"),
         &paths.peer_python,
@@ -340,7 +453,7 @@ async fn start_ours(
     paths: &Paths,
     template_path: &str,
     policy: &str,
-    workers: &[String],
+    fleet: &Fleet,
     tag: &str,
 ) -> anyhow::Result<Running> {
     let (admin, grpc) = (free_port()?, free_port()?);
@@ -353,9 +466,8 @@ async fn start_ours(
         policy.into(),
         "--log-level".into(),
         "warn".into(),
-        "--worker-urls".into(),
     ];
-    args.extend(workers.iter().cloned());
+    args.extend(fleet.router_args());
     let mut cp = Proc::spawn(
         &format!("{tag}-cp-{policy}"),
         &paths.control_plane,
@@ -450,6 +562,30 @@ mod tests {
         // A shell spinning keeps a core busy; `sleep` uses none.
         assert!(b > 0.05, "busy {b}");
         assert!(i < 0.05, "idle {i}");
+    }
+
+    #[test]
+    fn router_args_name_the_fleet() {
+        let regular = Fleet::Regular(vec!["http://a".into(), "http://b".into()]);
+        assert_eq!(
+            regular.router_args(),
+            ["--worker-urls", "http://a", "http://b"]
+        );
+        let pd = Fleet::Pd {
+            prefills: vec![("http://p".into(), 8998)],
+            decodes: vec!["http://d".into()],
+        };
+        assert_eq!(
+            pd.router_args(),
+            [
+                "--pd-disaggregation",
+                "--prefill",
+                "http://p",
+                "8998",
+                "--decode",
+                "http://d"
+            ]
+        );
     }
 
     /// The cut follows the shipped config (the bench's own cut of the admin

@@ -112,6 +112,22 @@ fn chat_body(messages: &[Value], max_tokens: u32, stream: bool) -> Vec<u8> {
 /// `bytes` bytes each. They share a system prompt (half the body) and differ
 /// in the user message, so the cache-aware trees both match and grow.
 pub fn overhead_bodies(seed: u64, bytes: usize, count: usize, max_tokens: u32) -> Vec<Vec<u8>> {
+    chat_bodies(seed, bytes, count, max_tokens, false)
+}
+
+/// The bodies of [`overhead_bodies`] with `"stream": true` (and usage
+/// asked for): the streaming case of scenario 1.
+pub fn stream_bodies(seed: u64, bytes: usize, count: usize, max_tokens: u32) -> Vec<Vec<u8>> {
+    chat_bodies(seed, bytes, count, max_tokens, true)
+}
+
+fn chat_bodies(
+    seed: u64,
+    bytes: usize,
+    count: usize,
+    max_tokens: u32,
+    stream: bool,
+) -> Vec<Vec<u8>> {
     let mut rng = StdRng::seed_from_u64(seed ^ bytes as u64);
     // JSON framing of the body below is ~150 bytes.
     let payload = bytes.saturating_sub(150).max(64);
@@ -128,7 +144,7 @@ pub fn overhead_bodies(seed: u64, bytes: usize, count: usize, max_tokens: u32) -
                     json!({"role": "user", "content": user}),
                 ],
                 max_tokens,
-                false,
+                stream,
             )
         })
         .collect()

@@ -7,15 +7,29 @@
 //! chat completion, so what is left is the routers' own cost. It serves what
 //! the routers ask of a worker: `/health`, `/v1/models`, server and model
 //! info, and the generation routes.
+//!
+//! A request whose body has `"stream": true` gets an SSE answer instead:
+//! `--sse-chunks` chat-completion chunk events then `data: [DONE]`
+//! (scenario 1's streaming case), built once at start. Each event is written
+//! on its own, as fast as the connection takes them: the stream yields to
+//! the runtime between events, so the HTTP server flushes each one instead
+//! of gathering them into one write (a real worker writes a token at a
+//! time, and the routers in between see one event per read when they keep
+//! up).
+
+use std::convert::Infallible;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
+use futures::StreamExt;
 use serde_json::json;
+use sglang_envoy_bench::sse;
 
 /// A worker that answers every generation request at once.
 #[derive(Debug, Parser)]
@@ -23,14 +37,40 @@ struct Cli {
     /// Port to listen on (on 127.0.0.1).
     #[arg(long)]
     port: u16,
+    /// Chunk events of the SSE answer to a `"stream": true` request.
+    #[arg(long, default_value_t = 1000)]
+    sse_chunks: usize,
 }
+
+/// The SSE answer's events, built once.
+static EVENTS: OnceLock<Arc<[Bytes]>> = OnceLock::new();
 
 const ANSWER: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":" tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"},"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":8,"total_tokens":9,"prompt_tokens_details":{"cached_tokens":0}}}"#;
 
-async fn generate(body: Bytes) -> impl IntoResponse {
-    // The body is read in full (as a worker must) and otherwise ignored.
-    drop(body);
-    ([(header::CONTENT_TYPE, "application/json")], ANSWER)
+async fn generate(body: Bytes) -> Response {
+    // The body is read in full (as a worker must); only its stream flag
+    // matters.
+    if !sse::wants_stream(&body) {
+        return ([(header::CONTENT_TYPE, "application/json")], ANSWER).into_response();
+    }
+    let events = Arc::clone(EVENTS.get().expect("events are built at start"));
+    let stream = futures::stream::iter(0..events.len()).then(move |i| {
+        let event = events[i].clone();
+        async move {
+            // Pending once: the server flushes what it holds, one event
+            // per write.
+            tokio::task::yield_now().await;
+            Ok::<_, Infallible>(event)
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 async fn models() -> impl IntoResponse {
@@ -50,6 +90,11 @@ async fn loads() -> impl IntoResponse {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let events: Vec<Bytes> = sse::chat_events(cli.sse_chunks)
+        .into_iter()
+        .map(Bytes::from)
+        .collect();
+    let _ = EVENTS.set(events.into());
     let app = Router::new()
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/health_generate", get(|| async { StatusCode::OK }))

@@ -1,12 +1,20 @@
 //! The report: one markdown document with the machine, the results of each
-//! scenario, ratios against the peer, and the goals with PASS/FAIL. Printed
-//! by `sglang-envoy-bench run` and written to `docs/benchmarks.md`.
+//! scenario (scenario 1 in three tables: whole answers, SSE streams, PD
+//! mode), ratios against the peer, and the goals with PASS/FAIL. Printed by
+//! `sglang-envoy-bench` and written to `docs/benchmarks.md`.
 
 use std::fmt::Write as _;
 
 use crate::params::{Contender, Profile};
 use crate::results::{CriterionEstimate, EngineResults};
-use crate::scenarios::{OverheadRow, QualityRow};
+use crate::scenarios::{OverheadRow, PdRow, QualityRow, StreamRow};
+
+mod goals;
+#[cfg(test)]
+mod tests;
+
+use goals::{find_overhead, mark, size_label};
+pub use goals::{verdicts, Verdict};
 
 /// Facts about the run, for the header.
 #[derive(Debug, Clone, Default)]
@@ -26,173 +34,18 @@ pub struct RunInfo {
 /// What the report is made of; absent scenarios are left out.
 #[derive(Debug, Default)]
 pub struct Inputs {
-    /// Scenario 1 rows.
+    /// Scenario 1 rows (whole answers).
     pub overhead: Option<Vec<OverheadRow>>,
+    /// Scenario 1's streaming case.
+    pub streaming: Option<Vec<StreamRow>>,
+    /// Scenario 1's PD case.
+    pub pd: Option<Vec<PdRow>>,
     /// Scenario 2 rows.
     pub quality: Option<Vec<QualityRow>>,
     /// Scenario 3 helper results.
     pub engine: Option<EngineResults>,
     /// Scenario 3 criterion estimates.
     pub criterion: Vec<CriterionEstimate>,
-}
-
-/// One goal's verdict.
-#[derive(Debug, Clone)]
-pub struct Verdict {
-    /// What is checked.
-    pub goal: String,
-    /// The target, in words.
-    pub target: String,
-    /// What was measured.
-    pub measured: String,
-    /// Whether it holds (None when it could not be measured).
-    pub pass: Option<bool>,
-}
-
-fn mark(pass: Option<bool>) -> &'static str {
-    match pass {
-        Some(true) => "PASS",
-        Some(false) => "FAIL",
-        None => "n/a",
-    }
-}
-
-fn find_overhead<'a>(
-    rows: &'a [OverheadRow],
-    c: &str,
-    bytes: usize,
-    conc: usize,
-) -> Option<&'a OverheadRow> {
-    rows.iter()
-        .find(|r| r.contender == c && r.body_bytes == bytes && r.concurrency == conc)
-}
-
-fn size_label(bytes: usize) -> String {
-    if bytes >= 1024 {
-        format!("{} KB", bytes / 1024)
-    } else {
-        format!("{bytes} B")
-    }
-}
-
-/// The goals of the issue, checked against `inputs`.
-pub fn verdicts(inputs: &Inputs, profile: &Profile) -> Vec<Verdict> {
-    let mut out = Vec::new();
-    let peer = Contender::peer("cache_aware").label();
-    let ours = Contender::ours("cache_aware").label();
-    let direct = Contender::Direct.label();
-    if let Some(rows) = &inputs.overhead {
-        let top = profile
-            .overhead
-            .concurrency
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(64);
-        let low = profile
-            .overhead
-            .concurrency
-            .iter()
-            .copied()
-            .min()
-            .unwrap_or(1);
-        for &b in &profile.overhead.body_bytes {
-            let (o, p) = (
-                find_overhead(rows, &ours, b, top),
-                find_overhead(rows, &peer, b, top),
-            );
-            let (measured, pass) = match (o, p) {
-                (Some(o), Some(p)) if p.rps > 0.0 => (
-                    format!("{:.0} vs {:.0} req/s = {:.2}x", o.rps, p.rps, o.rps / p.rps),
-                    Some(o.rps >= p.rps),
-                ),
-                _ => ("missing".into(), None),
-            };
-            out.push(Verdict {
-                goal: format!(
-                    "Overhead, {} bodies: req/s at concurrency {top}",
-                    size_label(b)
-                ),
-                target: "ours >= peer cache_aware".into(),
-                measured,
-                pass,
-            });
-            let d = find_overhead(rows, &direct, b, low);
-            let (o, p) = (
-                find_overhead(rows, &ours, b, low),
-                find_overhead(rows, &peer, b, low),
-            );
-            let (measured, pass) = match (o, p, d) {
-                (Some(o), Some(p), Some(d)) => {
-                    let ao = o.latency_ms.p50 - d.latency_ms.p50;
-                    let ap = p.latency_ms.p50 - d.latency_ms.p50;
-                    let ratio = if ap > 0.0 { ao / ap } else { f64::INFINITY };
-                    (
-                        format!("+{:.3} ms vs +{:.3} ms = {:.2}x", ao, ap, ratio),
-                        Some(ao <= 1.5 * ap),
-                    )
-                }
-                _ => ("missing".into(), None),
-            };
-            out.push(Verdict {
-                goal: format!(
-                    "Overhead, {} bodies: added p50 latency at concurrency {low}",
-                    size_label(b)
-                ),
-                target: "ours <= 1.5x peer's (over direct)".into(),
-                measured,
-                pass,
-            });
-        }
-    }
-    if let Some(rows) = &inputs.quality {
-        let reference = rows.iter().find(|r| r.contender == peer);
-        for r in rows.iter().filter(|r| r.contender.starts_with("ours ")) {
-            let (measured, pass) = match reference {
-                Some(p) if p.ttft_ms.p95 > 0.0 => {
-                    let t = r.ttft_ms.p95 / p.ttft_ms.p95;
-                    let ok =
-                        t <= 0.8 && r.cache_hit_ratio >= p.cache_hit_ratio && r.max_min <= 1.25;
-                    (
-                        format!(
-                            "TTFT p95 {:.2}x ({}), hit {:.3} vs {:.3} ({}), max/min {:.2} ({})",
-                            t,
-                            mark(Some(t <= 0.8)),
-                            r.cache_hit_ratio,
-                            p.cache_hit_ratio,
-                            mark(Some(r.cache_hit_ratio >= p.cache_hit_ratio)),
-                            r.max_min,
-                            mark(Some(r.max_min <= 1.25)),
-                        ),
-                        Some(ok),
-                    )
-                }
-                _ => ("peer cache_aware missing".into(), None),
-            };
-            out.push(Verdict {
-                goal: format!("Quality, {}", r.contender),
-                target: "TTFT p95 <= 0.8x peer cache_aware, hit ratio >= peer's, max/min <= 1.25"
-                    .into(),
-                measured,
-                pass,
-            });
-        }
-    }
-    if let Some(e) = &inputs.engine {
-        let cell = e
-            .decisions
-            .iter()
-            .find(|c| c.workers == 64 && c.prompt_bytes == 4096);
-        out.push(Verdict {
-            goal: "Engine: one decision, 4 KB prompt, 64 workers".into(),
-            target: "p99 <= 10 us".into(),
-            measured: cell.map_or("missing".into(), |c| {
-                format!("p99 {:.2} us (p50 {:.2} us)", c.us.p99, c.us.p50)
-            }),
-            pass: cell.map(|c| c.us.p99 <= 10.0),
-        });
-    }
-    out
 }
 
 /// The whole markdown document.
@@ -239,6 +92,12 @@ pub fn render(info: &RunInfo, inputs: &Inputs, profile: &Profile) -> String {
     if let Some(rows) = &inputs.overhead {
         render_overhead(w, rows, profile);
     }
+    if let Some(rows) = inputs.streaming.as_deref().filter(|r| !r.is_empty()) {
+        render_streaming(w, rows, profile);
+    }
+    if let Some(rows) = inputs.pd.as_deref().filter(|r| !r.is_empty()) {
+        render_pd(w, rows, profile);
+    }
     if let Some(rows) = &inputs.quality {
         render_quality(w, rows, profile);
     }
@@ -268,7 +127,10 @@ fn render_overhead(w: &mut String, rows: &[OverheadRow], profile: &Profile) {
          `CPU us/req` is the router's CPU time (user + system of its processes: \
          Envoy and the control plane for ours and for `envoy alone`, the router \
          process for the peer) over the measured window, per request answered; \
-         `CPU vs peer` divides it by the peer's.\n",
+         `CPU vs peer` divides it by the peer's. The goals take req/s at 64 and \
+         16 clients, added p50 at 1 client and CPU us/req at 64 clients; a \
+         contender with any error in a goal's cell fails it. Two more cases \
+         follow: the same contenders streaming SSE answers, and PD mode.\n",
         p.max_tokens, p.distinct_bodies, p.warmup, p.measure, p.rounds
     );
     let _ = writeln!(
@@ -312,6 +174,129 @@ fn render_overhead(w: &mut String, rows: &[OverheadRow], profile: &Profile) {
             cpu,
             cpu_vs,
             r.errors
+        );
+    }
+    let _ = writeln!(w);
+}
+
+fn render_streaming(w: &mut String, rows: &[StreamRow], profile: &Profile) {
+    let p = &profile.overhead;
+    let st = &p.stream;
+    let _ = writeln!(w, "### Streaming, {}-chunk SSE answers\n", st.chunks);
+    let _ = writeln!(
+        w,
+        "The same worker and router processes as the table above. Each request \
+         (a chat completion of about {} with `\"stream\": true`) is answered by \
+         `bench-instant-worker` with `content-type: text/event-stream`: {} OpenAI \
+         chat-completion chunk events (`data: {{...}}`, one token each, the last \
+         with the usage), then `data: [DONE]`, each event written on its own as \
+         fast as the connection takes it. {} closed-loop clients, each reading its \
+         stream to the end before sending the next; a stream counts only if it is \
+         2xx and ends with `[DONE]` (others are errors). Warm-up, measured time \
+         and rounds as above. `streams/s` are the streams completed in the window, \
+         `chunks/s` the chunk events they delivered (`[DONE]` not counted), \
+         `p50`/`p99` the time to `[DONE]`. `CPU us/chunk` is the router's CPU \
+         time over the window (as `CPU us/req` above) divided by the chunks \
+         delivered: `envoy alone` is what Envoy pays to pass an event on, so \
+         `ours` over it is what the filter adds per event.\n",
+        size_label(st.body_bytes),
+        st.chunks,
+        st.concurrency,
+    );
+    let _ = writeln!(
+        w,
+        "| contender | clients | streams/s | chunks/s | p50 ms | p99 ms | CPU us/stream | CPU us/chunk | CPU/chunk vs envoy alone | CPU/chunk vs peer | errors |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    let find = |c: &str| rows.iter().find(|r| r.contender == c);
+    let alone = find(&Contender::EnvoyAlone.label()).and_then(|r| r.cpu_us_per_chunk);
+    let peer = find(&Contender::peer("cache_aware").label()).and_then(|r| r.cpu_us_per_chunk);
+    let vs = |c: Option<f64>, base: Option<f64>| match (c, base) {
+        (Some(c), Some(b)) if b > 0.0 => format!("{:.2}x", c / b),
+        _ => String::new(),
+    };
+    for r in rows {
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.0} | {:.0} | {:.3} | {:.3} | {} | {} | {} | {} | {} |",
+            r.contender,
+            r.concurrency,
+            r.rps,
+            r.chunks_per_s,
+            r.latency_ms.p50,
+            r.latency_ms.p99,
+            r.cpu_us_per_req
+                .map_or(String::new(), |c| format!("{c:.0}")),
+            r.cpu_us_per_chunk
+                .map_or(String::new(), |c| format!("{c:.2}")),
+            vs(r.cpu_us_per_chunk, alone),
+            vs(r.cpu_us_per_chunk, peer),
+            r.errors
+        );
+    }
+    let _ = writeln!(w);
+    for r in rows.iter().filter(|r| r.errors > 0) {
+        if let Some(e) = &r.first_error {
+            let _ = writeln!(w, "First failed stream of {}: {}\n", r.contender, e);
+        }
+    }
+}
+
+fn render_pd(w: &mut String, rows: &[PdRow], profile: &Profile) {
+    let p = &profile.overhead;
+    let d = &p.pd;
+    let _ = writeln!(w, "### PD mode: 1 prefill + 1 decode simulated worker\n");
+    let _ = writeln!(
+        w,
+        "Prefill/decode disaggregation in front of two `sglang-sim-worker`s, one \
+         `--disaggregation-mode prefill` (its KV served on a bootstrap port) and \
+         one `decode` ({} us of prefill per token, {} us per generated token, the \
+         KV handed over within {} ms or the request fails). This project: the \
+         control plane with `--pd-disaggregation --prefill URL BOOTSTRAP_PORT \
+         --decode URL` behind Envoy with the wasm filter (`envoy/envoy.yaml`); the \
+         peer: `--pd-disaggregation` with the same flags. Both send each request \
+         to the prefill and the decode worker at once with the bootstrap fields, \
+         and the client gets the decode's answer. {} closed-loop clients, \
+         non-streamed chat completions of about {} (`max_tokens` {}); warm-up, \
+         measured time and rounds as above, the two routers interleaved on the \
+         same workers. The simulated workers' own CPU (tokenizer, prefix cache, \
+         KV handover) shares the two cores with the router and the client, so \
+         req/s is lower than above and gaps between routers are smaller; `CPU \
+         us/req` is the router's, as above. A router that cannot start or answer \
+         in PD mode gets the reason instead of a number.\n",
+        d.prefill_us_per_token,
+        d.decode_us_per_token,
+        d.kv_timeout_ms,
+        d.concurrency,
+        size_label(d.body_bytes),
+        d.max_tokens,
+    );
+    let _ = writeln!(
+        w,
+        "| contender | clients | req/s | p50 ms | p99 ms | req/s vs peer | CPU us/req | errors | note |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+    );
+    let peer = rows
+        .iter()
+        .find(|r| r.contender == Contender::peer("cache_aware").label());
+    for r in rows {
+        let vs = match peer {
+            Some(p) if p.rps > 0.0 => format!("{:.2}x", r.rps / p.rps),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.0} | {:.3} | {:.3} | {} | {} | {} | {} |",
+            r.contender,
+            r.concurrency,
+            r.rps,
+            r.latency_ms.p50,
+            r.latency_ms.p99,
+            vs,
+            r.cpu_us_per_req
+                .map_or(String::new(), |c| format!("{c:.0}")),
+            r.errors,
+            r.note.as_deref().unwrap_or("").replace('|', "\\|")
         );
     }
     let _ = writeln!(w);

@@ -1,0 +1,235 @@
+//! The report's goals and tables from fixed results.
+
+use super::goals::*;
+use super::*;
+use crate::stats::Percentiles;
+
+fn row(c: Contender, bytes: usize, conc: usize, rps: f64, p50: f64, cpu: f64) -> OverheadRow {
+    OverheadRow {
+        contender: c.label(),
+        body_bytes: bytes,
+        concurrency: conc,
+        rps,
+        latency_ms: Percentiles {
+            p50,
+            ..Percentiles::default()
+        },
+        errors: 0,
+        cpu_us_per_req: (c != Contender::Direct).then_some(cpu),
+    }
+}
+
+/// One body size, every contender at 1, 16 and 64 clients: ours passes
+/// everything at 1 KB except the req/s at 64 (1.15x < 1.2x).
+fn cells() -> Vec<OverheadRow> {
+    let (direct, alone) = (Contender::Direct, Contender::EnvoyAlone);
+    let (peer, ours) = (
+        Contender::peer("cache_aware"),
+        Contender::ours("cache_aware"),
+    );
+    let ext = Contender::OursExtProc("cache_aware");
+    let b = 1024;
+    vec![
+        row(direct, b, 1, 10_000.0, 0.100, 0.0),
+        row(alone, b, 1, 4_000.0, 0.250, 40.0),
+        row(peer, b, 1, 3_000.0, 0.300, 60.0),
+        row(ours, b, 1, 3_200.0, 0.330, 50.0),
+        row(ext, b, 1, 2_000.0, 0.500, 80.0),
+        row(peer, b, 16, 8_000.0, 2.0, 55.0),
+        row(ours, b, 16, 8_000.0, 2.0, 50.0),
+        row(alone, b, 64, 10_000.0, 6.0, 40.0),
+        row(peer, b, 64, 6_000.0, 10.0, 60.0),
+        row(ours, b, 64, 6_900.0, 9.0, 51.0),
+        row(ext, b, 64, 6_000.0, 10.0, 70.0),
+    ]
+}
+
+fn by_goal<'a>(v: &'a [Verdict], part: &str) -> &'a Verdict {
+    v.iter()
+        .find(|v| v.goal.contains(part))
+        .unwrap_or_else(|| panic!("no goal with {part}"))
+}
+
+#[test]
+fn overhead_goals_from_fixed_results() {
+    let mut profile = Profile::full();
+    profile.overhead.body_bytes = vec![1024];
+    let inputs = Inputs {
+        overhead: Some(cells()),
+        ..Inputs::default()
+    };
+    let v = verdicts(&inputs, &profile);
+    assert_eq!(v.len(), 5, "{v:?}");
+    let high = by_goal(&v, "wasm: req/s at concurrency 64");
+    assert_eq!(high.measured, "6900 vs 6000 req/s = 1.15x");
+    assert_eq!(high.pass, Some(false));
+    assert_eq!(high.target, "ours cache_aware >= 1.2x peer cache_aware");
+    let mid = by_goal(&v, "wasm: req/s at concurrency 16");
+    assert_eq!(
+        (mid.measured.as_str(), mid.pass),
+        ("8000 vs 8000 req/s = 1.00x", Some(true))
+    );
+    let p50 = by_goal(&v, "added p50");
+    // +0.230 over direct against the peer's +0.200: 1.15x <= 1.2x.
+    assert_eq!(p50.measured, "+0.230 ms vs +0.200 ms = 1.15x");
+    assert_eq!(p50.pass, Some(true));
+    let cpu = by_goal(&v, "CPU per request");
+    assert_eq!(
+        cpu.measured,
+        "51.0 vs 60.0 us/req = 0.85x peer; envoy alone 40.0 us/req = 1.27x"
+    );
+    assert_eq!(cpu.pass, Some(true));
+    let ext = by_goal(&v, "ext_proc");
+    assert_eq!(
+        (ext.measured.as_str(), ext.pass),
+        ("6000 vs 6000 req/s = 1.00x", Some(true))
+    );
+}
+
+#[test]
+fn errors_cpu_and_missing_cells_decide() {
+    let mut profile = Profile::full();
+    profile.overhead.body_bytes = vec![1024, 16 * 1024];
+    let mut rows = cells();
+    let ours = Contender::ours("cache_aware").label();
+    for r in rows.iter_mut().filter(|r| r.contender == ours) {
+        if r.concurrency == 16 {
+            r.errors = 3;
+        }
+        if r.concurrency == 64 {
+            // Cheaper than the peer but over 1.3x envoy alone.
+            r.cpu_us_per_req = Some(53.0);
+        }
+    }
+    let inputs = Inputs {
+        overhead: Some(rows),
+        ..Inputs::default()
+    };
+    let v = verdicts(&inputs, &profile);
+    assert_eq!(v.len(), 10);
+    let mid = by_goal(&v, "1 KB bodies, wasm: req/s at concurrency 16");
+    assert_eq!(mid.pass, Some(false));
+    assert!(
+        mid.measured.ends_with("; ours cache_aware had 3 errors"),
+        "{}",
+        mid.measured
+    );
+    assert_eq!(
+        by_goal(&v, "1 KB bodies, wasm: router CPU").pass,
+        Some(false)
+    );
+    // No 16 KB cells: n/a, not PASS or FAIL.
+    for g in v.iter().filter(|g| g.goal.contains("16 KB")) {
+        assert_eq!(
+            (g.measured.as_str(), g.pass),
+            ("missing", None),
+            "{}",
+            g.goal
+        );
+    }
+}
+
+fn stream(c: Contender, cpu_per_chunk: f64, errors: u64) -> StreamRow {
+    StreamRow {
+        contender: c.label(),
+        concurrency: 4,
+        chunks: 1000,
+        rps: 20.0,
+        chunks_per_s: 20_000.0,
+        latency_ms: Percentiles::default(),
+        errors,
+        cpu_us_per_req: Some(cpu_per_chunk * 1000.0),
+        cpu_us_per_chunk: Some(cpu_per_chunk),
+        first_error: None,
+    }
+}
+
+#[test]
+fn streaming_goal_compares_with_envoy_alone() {
+    let alone = stream(Contender::EnvoyAlone, 2.0, 0);
+    let ours = stream(Contender::ours("cache_aware"), 2.1, 0);
+    let v = streaming_verdict(&[alone.clone(), ours.clone()]);
+    assert_eq!(
+        v.goal,
+        "Streaming, 1000-chunk SSE answers, wasm: router CPU per chunk"
+    );
+    assert_eq!(
+        (v.measured.as_str(), v.pass),
+        ("2.10 vs 2.00 us/chunk = 1.05x", Some(true))
+    );
+    let v = streaming_verdict(&[
+        alone.clone(),
+        stream(Contender::ours("cache_aware"), 2.3, 0),
+    ]);
+    assert_eq!(v.pass, Some(false));
+    let v = streaming_verdict(&[
+        alone.clone(),
+        stream(Contender::ours("cache_aware"), 1.0, 2),
+    ]);
+    assert_eq!(v.pass, Some(false));
+    assert_eq!(streaming_verdict(&[ours]).pass, None);
+}
+
+fn pd(c: Contender, rps: f64, errors: u64, note: Option<&str>) -> PdRow {
+    PdRow {
+        contender: c.label(),
+        concurrency: 16,
+        rps,
+        latency_ms: Percentiles::default(),
+        errors,
+        cpu_us_per_req: None,
+        note: note.map(str::to_string),
+    }
+}
+
+#[test]
+fn pd_goal_and_a_peer_that_cannot_run() {
+    let (peer, ours) = (
+        Contender::peer("cache_aware"),
+        Contender::ours("cache_aware"),
+    );
+    let v = pd_verdict(&[pd(peer, 500.0, 0, None), pd(ours, 600.0, 0, None)]);
+    assert_eq!(
+        (v.measured.as_str(), v.pass),
+        ("600 vs 500 req/s = 1.20x", Some(true))
+    );
+    let v = pd_verdict(&[pd(peer, 500.0, 0, None), pd(ours, 400.0, 0, None)]);
+    assert_eq!(v.pass, Some(false));
+    let v = pd_verdict(&[pd(peer, 500.0, 0, None), pd(ours, 600.0, 1, None)]);
+    assert_eq!(v.pass, Some(false));
+    // The peer's PD mode did not work: no verdict, the reason shown.
+    let why = "every request failed: HTTP 502: bad gateway";
+    let v = pd_verdict(&[pd(peer, 0.0, 9, Some(why)), pd(ours, 600.0, 0, None)]);
+    assert_eq!(v.pass, None);
+    assert_eq!(v.measured, format!("600 req/s vs peer: {why}"));
+    let v = pd_verdict(&[pd(peer, 0.0, 9, Some(why)), pd(ours, 0.0, 5, None)]);
+    assert_eq!(v.pass, Some(false));
+}
+
+#[test]
+fn report_has_the_new_tables() {
+    let profile = Profile::full();
+    let inputs = Inputs {
+        overhead: Some(cells()),
+        streaming: Some(vec![
+            stream(Contender::EnvoyAlone, 2.0, 0),
+            stream(Contender::ours("cache_aware"), 2.1, 0),
+        ]),
+        pd: Some(vec![pd(
+            Contender::ours("cache_aware"),
+            600.0,
+            0,
+            Some("a | b"),
+        )]),
+        ..Inputs::default()
+    };
+    let doc = render(&RunInfo::default(), &inputs, &profile);
+    for part in [
+        "### Streaming, 1000-chunk SSE answers",
+        "| ours cache_aware | 4 | 20 | 20000 | 0.000 | 0.000 | 2100 | 2.10 | 1.05x |  | 0 |",
+        "### PD mode: 1 prefill + 1 decode simulated worker",
+        "a \\| b",
+    ] {
+        assert!(doc.contains(part), "{part}\n{doc}");
+    }
+}
