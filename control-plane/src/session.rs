@@ -60,6 +60,22 @@ impl Session {
                     break;
                 }
             };
+            if let Some(Kind::Prefill(wait)) = &up.kind {
+                // Answered when the prefill ends, without holding up the
+                // session's other questions.
+                let (engine, answers, ticket) = (self.engine.clone(), answers.clone(), wait.ticket);
+                tokio::spawn(async move {
+                    let outcome = engine.await_prefill(ticket).await;
+                    let down = SessionDown {
+                        ticket,
+                        prefill: Some(outcome),
+                        ..Default::default()
+                    };
+                    // Fails only when the session is over: nobody waits.
+                    let _ = answers.send(Ok(down)).await;
+                });
+                continue;
+            }
             let Some(down) = self.take(up) else {
                 continue;
             };
@@ -83,17 +99,19 @@ impl Session {
                 Some(SessionDown {
                     ticket,
                     route: Some(response),
-                    ended: false,
+                    ..Default::default()
                 })
             }
             Kind::End(completion) => {
                 self.end(&completion);
                 up.ack_end.then_some(SessionDown {
                     ticket: completion.ticket,
-                    route: None,
                     ended: true,
+                    ..Default::default()
                 })
             }
+            // Taken by `run`, which waits for the prefill in a task.
+            Kind::Prefill(_) => None,
         }
     }
 

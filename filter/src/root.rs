@@ -143,11 +143,16 @@ impl Context for Root {
                 return;
             }
         };
+        let session = &self.shared.session;
         if down.ended {
-            if let Some(context) = self.shared.session.answered(down.ticket, Wait::Counted) {
+            if let Some(context) = session.answered(down.ticket, Wait::Counted) {
                 self.act_for(context, Request::end_counted);
             }
-        } else if let Some(context) = self.shared.session.answered(down.ticket, Wait::Answer) {
+        } else if let Some(outcome) = down.prefill {
+            if let Some(context) = session.answered(down.ticket, Wait::Prefill) {
+                self.act_for(context, |r| r.prefill_answered(Some(Ok(outcome))));
+            }
+        } else if let Some(context) = session.answered(down.ticket, Wait::Answer) {
             self.act_for(context, |r| r.session_answer(down.route));
         }
     }

@@ -49,6 +49,8 @@ enum Link {
 pub enum Wait {
     /// The answer to its routing question.
     Answer,
+    /// PD: the outcome of its prefill half.
+    Prefill,
     /// The control plane to have counted its end (its answer's last bytes
     /// are held until then).
     Counted,
@@ -118,6 +120,18 @@ impl Session {
         deadline: SystemTime,
     ) -> bool {
         self.send_and_wait(context, ticket, message, Wait::Counted, deadline)
+    }
+
+    /// PD: asks for the outcome of the prefill half sent for `ticket` and
+    /// waits for it until `deadline`. False when it could not be sent.
+    pub fn await_prefill(
+        &self,
+        context: u32,
+        ticket: u64,
+        message: &[u8],
+        deadline: SystemTime,
+    ) -> bool {
+        self.send_and_wait(context, ticket, message, Wait::Prefill, deadline)
     }
 
     fn send_and_wait(

@@ -64,6 +64,7 @@ impl Request {
     pub fn wait_over(&mut self, wait: Wait) {
         match wait {
             Wait::Answer => self.session_answer(None),
+            Wait::Prefill => self.prefill_answered(None),
             // Counted or not, the answer goes on.
             Wait::Counted => self.end_counted(),
         }
@@ -177,7 +178,7 @@ impl Request {
     /// client answered, when that cannot be asked.
     pub(super) fn await_prefill(&mut self) -> bool {
         let timeout = Duration::from_millis(self.shared.config.prefill_timeout_ms);
-        if self.call("AwaitPrefill", &self.prefill_wait(), timeout, Call::Prefill) {
+        if self.ask_prefill(timeout, Call::Prefill) {
             return true;
         }
         self.reply(LocalReply::unreachable());
@@ -187,14 +188,46 @@ impl Request {
     /// Asks for the prefill's outcome once more, giving up after `grace`
     /// (a decode error waits no longer for it). False when it cannot be asked.
     pub(super) fn await_prefill_for(&mut self, grace: Duration) -> bool {
-        self.call("AwaitPrefill", &self.prefill_wait(), grace, Call::Grace)
+        self.ask_prefill(grace, Call::Grace)
     }
 
-    fn prefill_wait(&self) -> Vec<u8> {
-        PrefillWait {
+    /// Asks for the prefill's outcome, to come within `timeout`: on the
+    /// session when it is up, else with a call (`call`). False when it
+    /// cannot be asked.
+    fn ask_prefill(&mut self, timeout: Duration, call: Call) -> bool {
+        let wait = PrefillWait {
             ticket: self.lc.ticket(),
+        };
+        if self.shared.session.is_up() {
+            let up = SessionUp {
+                kind: Some(Kind::Prefill(wait)),
+                ack_end: false,
+            };
+            let deadline = self.get_current_time() + timeout;
+            let message = up.encode_to_vec();
+            let session = &self.shared.session;
+            if session.await_prefill(self.context_id, wait.ticket, &message, deadline) {
+                return true;
+            }
         }
-        .encode_to_vec()
+        self.call("AwaitPrefill", &wait.encode_to_vec(), timeout, call)
+    }
+
+    /// The prefill's outcome: `None` when there is none (lost, or the
+    /// grace ran out: whether the prefill finished is unknown), an error
+    /// when it cannot be read.
+    pub fn prefill_answered(&mut self, outcome: Option<Result<PrefillOutcome, LocalReply>>) {
+        let step = match outcome {
+            Some(Ok(outcome)) => self.lc.on_prefill(outcome),
+            Some(Err(reply)) => self.lc.on_prefill(PrefillOutcome {
+                http_status: u32::from(reply.status),
+                error_type: reply.kind,
+                message: reply.message,
+                ..Default::default()
+            }),
+            None => self.lc.on_prefill_unknown(),
+        };
+        self.prefill_step(step);
     }
 
     /// Reports an answer that starts with a worker's failure before the
@@ -220,19 +253,8 @@ impl Request {
             // Counted (or not: the answer goes on either way).
             Call::Outcome => self.resume_http_response(),
             Call::Prefill | Call::Grace => {
-                let step = match self.answer::<PrefillOutcome>(grpc_status, size) {
-                    Some(Ok(outcome)) => self.lc.on_prefill(outcome),
-                    Some(Err(reply)) => self.lc.on_prefill(PrefillOutcome {
-                        http_status: u32::from(reply.status),
-                        error_type: reply.kind,
-                        message: reply.message,
-                        ..Default::default()
-                    }),
-                    // Lost, or the grace ran out: whether the prefill
-                    // finished is unknown.
-                    None => self.lc.on_prefill_unknown(),
-                };
-                self.prefill_step(step);
+                let outcome = self.answer::<PrefillOutcome>(grpc_status, size);
+                self.prefill_answered(outcome);
             }
             Call::Route => {
                 let response = self.answer::<RouteResponse>(grpc_status, size);

@@ -308,3 +308,51 @@ async fn an_envoy_killed_under_load_has_its_requests_released_at_once() {
 async fn counted(stack: &Stack) -> u64 {
     stack.admin_loads().await.iter().map(|(_, l)| *l).sum()
 }
+
+#[tokio::test]
+async fn pd_requests_ask_and_wait_for_their_prefill_on_the_session() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("the session stream is the wasm filter's");
+        return;
+    }
+    let stack = Stack::start(StackOptions {
+        pd: Some(sglang_envoy_e2e::PdOptions::default()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            stack.metric("sgl_router_filter_sessions").await == 1.0
+        })
+        .await
+    );
+    // The worker list (polled every second) says PD: bodies go with the
+    // first question, so no NeedBody round trip either.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let calls = || async {
+        stack
+            .envoy_stat("cluster.sglang_control_plane.upstream_rq_total")
+            .await
+            .unwrap_or(0)
+    };
+    let before = calls().await;
+    let started = Instant::now();
+    for i in 0..40 {
+        let body = format!(
+            r#"{{"model":"m","max_tokens":2,"messages":[{{"role":"user","content":"pd {i}"}}]}}"#
+        );
+        let r = stack.post("/v1/chat/completions", &body).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    }
+    let made = calls().await - before;
+    // Only the worker-list polls of the time it took (one a second).
+    let polls = started.elapsed().as_secs() + 2;
+    assert!(
+        made <= polls,
+        "{made} calls for 40 PD requests in {:?}",
+        started.elapsed()
+    );
+    // Every prefill half was answered for: the decodes all got their KV.
+    assert_eq!(stack.decodes[0].stats().await["kv_fetched"], 40);
+}
