@@ -36,6 +36,22 @@ pub fn read_repo_file(rel: &str) -> String {
     std::fs::read_to_string(repo_root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
+/// An empty directory `name` under the system's temporary directory.
+///
+/// Whatever a directory of that name held is removed first: names carry the
+/// test binary's PID, and PIDs wrap (at 32,768 on the CI machines), so a
+/// later test binary can meet an earlier one's leftovers — a stack that
+/// found another's `workers.json` state file served its workers too.
+pub fn fresh_dir(name: &str) -> std::io::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(name);
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
 /// Asserts `r` is an OpenAI-shaped JSON error with `status` and returns its
 /// message: `{"error":{"message","type","param","code"}}`.
 pub async fn expect_openai_error(r: reqwest::Response, status: u16) -> String {
@@ -78,5 +94,23 @@ where
             return false;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_dir_keeps_nothing_a_reused_pid_left_behind() {
+        let name = format!("sglang-e2e-fresh-{}", std::process::id());
+        let stale = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(stale.join("nested")).unwrap();
+        std::fs::write(stale.join("workers.json"), r#"{"version":1,"workers":[]}"#).unwrap();
+
+        let dir = fresh_dir(&name).unwrap();
+        assert_eq!(dir, stale);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -464,8 +464,7 @@ impl Stack {
     /// Starts everything and waits until Envoy routes to the workers.
     pub async fn start(opts: StackOptions) -> anyhow::Result<Stack> {
         let n = STACKS.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("sglang-e2e-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
+        let dir = crate::fresh_dir(&format!("sglang-e2e-{}-{n}", std::process::id()))?;
 
         let mut workers = Vec::new();
         let (mut prefills, mut decodes) = (Vec::new(), Vec::new());

@@ -112,6 +112,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("persist-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("workers.json");
+        // PIDs wrap: an earlier run's file under this name is not this run's.
+        let _ = std::fs::remove_file(&path);
         assert!(load(&path).unwrap().is_empty(), "missing file = no workers");
         let snap = snapshot(&r);
         assert_eq!(snap.len(), 2);
