@@ -24,6 +24,7 @@ pub mod dns;
 pub mod engine;
 pub mod enrollment;
 pub mod ext_proc;
+pub mod grpc_health;
 pub mod metrics;
 pub mod pd;
 pub mod policy_flags;

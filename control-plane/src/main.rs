@@ -24,7 +24,9 @@ use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::workers::{worker_client, AddressPolicy, HealthChecker, Registry};
-use sglang_envoy_control_plane::{admin, ext_proc, policy_flags, service, startup, upkeep, xds};
+use sglang_envoy_control_plane::{
+    admin, ext_proc, grpc_health, policy_flags, service, startup, upkeep, xds,
+};
 
 /// mimalloc instead of glibc's allocator: a routing decision allocates a
 /// few small buffers and the tree grows by the new part of every prompt;
@@ -145,6 +147,7 @@ impl Router {
         // tonic's default limit (4 MiB) would turn larger ones into errors.
         let limit = args.grpc_message_limit();
         let grpc = tonic::transport::Server::builder()
+            .add_service(grpc_health::service().await)
             .add_service(
                 RouterServer::new(service::RouterService::new(engine.clone(), health.clone()))
                     .max_decoding_message_size(limit),
