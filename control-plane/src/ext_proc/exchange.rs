@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     body_mutation, processing_request, processing_response, BodyMutation, BodyResponse,
-    CommonResponse, HeaderMutation, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
-    TrailersResponse,
+    CommonResponse, HeaderMutation, HeadersResponse, HttpBody, HttpHeaders, ProcessingRequest,
+    ProcessingResponse, TrailersResponse,
 };
 use sglang_envoy_body::over_budget;
 use sglang_envoy_lifecycle::names::ENDPOINT_HEADER;
@@ -18,6 +18,7 @@ use sglang_envoy_lifecycle::{
 use sglang_envoy_proto::ROUTING_KEY_HEADER;
 use tracing::{debug, warn};
 
+use super::duplex::{self, Duplex, Way};
 use super::messages::{
     self, body_reply, header_list, headers_response, immediate, nothing_more, reply, routed,
     set_header, Attributes,
@@ -28,6 +29,8 @@ use super::Exchange;
 pub(super) enum Next {
     /// Send this reply.
     Reply(Box<ProcessingResponse>),
+    /// Send these, in order (full duplex: a held head, then the body).
+    Replies(Vec<ProcessingResponse>),
     /// The answer's head is held for the prefill's outcome: no reply yet
     /// with a `grace`, else one that extends Envoy's message timeout.
     Hold { grace: Option<Duration> },
@@ -71,8 +74,17 @@ impl Exchange {
             // message may cross an unsolicited prefill error).
             return Next::Nothing;
         }
+        if let Some(config) = &message.protocol_config {
+            // Only the stream's first message says how Envoy sends bodies.
+            self.duplex = Duplex::of(config);
+        }
         let a = Attributes::of(&message.attributes);
         if let Some(host) = a.upstream_host {
+            self.facts.upstream_host = host;
+        }
+        // What the gateway says served the request outranks the attribute:
+        // the picker protocol's way to credit the right worker.
+        if let Some(host) = messages::served(message.metadata_context.as_ref()) {
             self.facts.upstream_host = host;
         }
         if let Some(n) = a.attempts {
@@ -86,15 +98,27 @@ impl Exchange {
         match message.request {
             Some(In::RequestHeaders(h)) => self.on_request_headers(h),
             Some(In::RequestBody(b)) => self.on_request_body(b),
+            // A body ended by trailers is refused while it is read, as the
+            // wasm filter refuses it. In full duplex, routing it was tried:
+            // the worker got a corrupted body from Envoy 1.40.
             Some(In::RequestTrailers(_)) => match self.lc.on_request_trailers() {
                 Some(r) => self.reply(r),
                 None => send(reply(Out::RequestTrailers(TrailersResponse::default()))),
             },
             Some(In::ResponseHeaders(h)) => self.on_response_headers(h),
+            Some(In::ResponseBody(b)) if self.duplex.response => self.on_duplex_response_body(b),
             Some(In::ResponseBody(b)) => send(self.on_response_body(b)),
             Some(In::ResponseTrailers(_)) => {
                 self.lc.on_response_end();
-                send(reply(Out::ResponseTrailers(TrailersResponse::default())))
+                let mut replies = Vec::new();
+                if self.duplex.holding() {
+                    // The body ends here: what is held goes before them.
+                    let step = self.lc.on_response_body(&[], true);
+                    replies = self.duplex.answer_chunk(step, Vec::new(), false);
+                    replies.extend(self.duplex.release_held(None));
+                }
+                replies.push(reply(Out::ResponseTrailers(TrailersResponse::default())));
+                Next::Replies(replies)
             }
             None => Next::Nothing,
         }
@@ -130,6 +154,9 @@ impl Exchange {
         };
         match self.lc.on_request_head(head) {
             HeadStep::Reply(r) => self.reply(r),
+            // Full duplex: the head's reply waits for the decision, which
+            // waits for the whole body.
+            HeadStep::ReadBody if self.duplex.request => Next::Nothing,
             // The whole body comes next (request body mode BUFFERED), and
             // the response headers are ours to see.
             HeadStep::ReadBody => send(ProcessingResponse {
@@ -148,18 +175,33 @@ impl Exchange {
 
     fn on_request_body(&mut self, b: HttpBody) -> Next {
         if !self.lc.reading_body() {
+            if self.duplex.request {
+                // A body not read (a request routed at its head): ours to pass.
+                return Next::Replies(duplex::streamed(Way::Request, &b.body, b.end_of_stream));
+            }
             return send(reply(processing_response::Response::RequestBody(
                 BodyResponse::default(),
             )));
         }
-        if let Some(r) = self.lc.on_body_progress(b.body.len()) {
+        let total = self.request.body.len() + b.body.len();
+        if let Some(r) = self.lc.on_body_progress(total) {
             return self.reply(r);
         }
-        self.body_hold = self.budget.hold(b.body.len());
+        // One hold for the body so far (the previous one let go first).
+        self.body_hold = None;
+        self.body_hold = self.budget.hold(total);
         if self.body_hold.is_none() {
             return self.reply(over_budget().into());
         }
-        self.request.body = b.body;
+        if self.request.body.is_empty() {
+            self.request.body = b.body;
+        } else {
+            self.request.body.extend_from_slice(&b.body);
+        }
+        if self.duplex.request && !b.end_of_stream {
+            // Gathered until the end: the decision reads the whole body.
+            return Next::Nothing;
+        }
         let step = self.lc.on_body(&self.request, self.attach_body());
         self.step(step)
     }
@@ -175,9 +217,10 @@ impl Exchange {
                 }
                 Step::AwaitAdmission { .. } => return Next::AwaitAdmission,
                 Step::Forward(f) => {
-                    // Decided: the body is Envoy's alone again.
-                    self.request.body = Vec::new();
-                    return send(self.forward(f));
+                    // Decided: the body is Envoy's alone again (or, in full
+                    // duplex, goes back to it now).
+                    let body = std::mem::take(&mut self.request.body);
+                    return self.forward(f, body);
                 }
                 Step::Reply(r) => return self.reply(r),
                 // The engine always answers.
@@ -197,8 +240,11 @@ impl Exchange {
         self.engine.options().mode == Mode::Pd
     }
 
-    /// The reply sending the request on, edited as the decision says.
-    fn forward(&mut self, f: Forward) -> ProcessingResponse {
+    /// The replies sending the request on, edited as the decision says.
+    /// The destination goes in the header and, identical, in the dynamic
+    /// metadata (`envoy.lb`), as the picker protocol asks. `original` is
+    /// the body as received (sent back in full duplex when not edited).
+    fn forward(&mut self, f: Forward, original: Vec<u8>) -> Next {
         self.follow_prefill = f.await_prefill;
         let mut mutation = HeaderMutation {
             set_headers: vec![set_header(ENDPOINT_HEADER, &f.endpoints)],
@@ -207,16 +253,45 @@ impl Exchange {
         mutation
             .set_headers
             .extend(f.headers.iter().map(|(n, v)| set_header(n, v)));
+        let metadata = Some(messages::destination(&f.endpoints));
         debug!(path = %self.lc.path(), worker = %f.worker, endpoints = %f.endpoints, "routed");
         if self.lc.route().is_none() {
             // An info GET, routed at its head; nothing more of it is ours.
-            return ProcessingResponse {
+            return send(ProcessingResponse {
                 response: Some(processing_response::Response::RequestHeaders(
                     headers_response(mutation),
                 )),
                 mode_override: Some(nothing_more()),
+                dynamic_metadata: metadata,
+                ..Default::default()
+            });
+        }
+        if self.duplex.request {
+            let edited = f.body.is_some();
+            let body = f.body.unwrap_or(original);
+            if edited {
+                mutation
+                    .set_headers
+                    .push(set_header("content-length", &body.len().to_string()));
+            }
+            let head = ProcessingResponse {
+                response: Some(processing_response::Response::RequestHeaders(
+                    HeadersResponse {
+                        response: Some(CommonResponse {
+                            header_mutation: Some(mutation),
+                            // As a picker does: routes may match on the
+                            // destination header.
+                            clear_route_cache: true,
+                            ..Default::default()
+                        }),
+                    },
+                )),
+                dynamic_metadata: metadata,
                 ..Default::default()
             };
+            let mut replies = vec![head];
+            replies.extend(duplex::streamed(Way::Request, &body, true));
+            return Next::Replies(replies);
         }
         let body_mutation = f.body.map(|body| {
             mutation
@@ -226,13 +301,16 @@ impl Exchange {
                 mutation: Some(body_mutation::Mutation::Body(body)),
             }
         });
-        reply(processing_response::Response::RequestBody(BodyResponse {
-            response: Some(CommonResponse {
-                header_mutation: Some(mutation),
-                body_mutation,
-                ..Default::default()
-            }),
-        }))
+        send(ProcessingResponse {
+            dynamic_metadata: metadata,
+            ..reply(processing_response::Response::RequestBody(BodyResponse {
+                response: Some(CommonResponse {
+                    header_mutation: Some(mutation),
+                    body_mutation,
+                    ..Default::default()
+                }),
+            }))
+        })
     }
 
     fn on_response_headers(&mut self, h: HttpHeaders) -> Next {
@@ -279,6 +357,17 @@ impl Exchange {
         match step {
             PrefillStep::Nothing | PrefillStep::KeepHolding => Next::Nothing,
             PrefillStep::Reply(r) => self.reply(r),
+            PrefillStep::Release { release, replace } if self.duplex.response => {
+                let mut replies = vec![self.release(release)];
+                if replace.is_none() && self.duplex.response_end && self.lc.needs_response_bytes() {
+                    // The whole answer came while its head was held: the
+                    // merge it waits for is due now.
+                    let step = self.lc.on_response_body(&[], true);
+                    replies.extend(self.duplex.answer_chunk(step, Vec::new(), true));
+                }
+                replies.extend(self.duplex.release_held(replace));
+                Next::Replies(replies)
+            }
             PrefillStep::Release { release, replace } => {
                 if replace.is_some() {
                     // Nothing of the body is shown while the head is held.
@@ -287,6 +376,12 @@ impl Exchange {
                 send(self.release(release))
             }
         }
+    }
+
+    /// Full duplex: the chunk goes back now, or is kept while held.
+    fn on_duplex_response_body(&mut self, b: HttpBody) -> Next {
+        let step = self.lc.on_response_body(&b.body, b.end_of_stream);
+        Next::Replies(self.duplex.answer_chunk(step, b.body, b.end_of_stream))
     }
 
     fn on_response_body(&mut self, b: HttpBody) -> ProcessingResponse {

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{
-    header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption,
+    header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption, Metadata,
 };
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::{
     processing_mode::{BodySendMode, HeaderSendMode},
@@ -15,8 +15,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     body_mutation, processing_response, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
     HeadersResponse, ImmediateResponse, ProcessingResponse,
 };
-use envoy_types::pb::google::protobuf::{value, Duration as ProtoDuration, Struct};
-use sglang_envoy_lifecycle::names::ERROR_HEADER;
+use envoy_types::pb::google::protobuf::{value, Duration as ProtoDuration, Struct, Value};
+use sglang_envoy_lifecycle::names::{ENDPOINT_HEADER, ERROR_HEADER};
 use sglang_envoy_lifecycle::{LocalReply, Release, Watch};
 
 use super::MAX_PREFILL_WAIT;
@@ -33,6 +33,48 @@ const ATTEMPT_COUNT: &str = "upstream.request_attempt_count";
 /// The attribute saying where the response came from (`via_upstream`, or
 /// why Envoy made it).
 const CODE_DETAILS: &str = "response.code_details";
+
+/// The metadata namespace of the picker protocol's destination (and of
+/// the endpoint that served, which Envoy sends back under it).
+pub(super) const LB_NAMESPACE: &str = "envoy.lb";
+
+/// The key, in [`LB_NAMESPACE`] of the stream's metadata, of the endpoint
+/// that served the request (the gateway may have retried down the list).
+const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
+
+/// The destination as dynamic metadata, for gateways whose `override_host`
+/// reads it there: `envoy.lb` / `x-gateway-destination-endpoint`, the same
+/// text as the header (the protocol forbids the two to differ).
+pub(super) fn destination(endpoints: &str) -> Struct {
+    let inner = Struct {
+        fields: HashMap::from([(ENDPOINT_HEADER.to_string(), text_value(endpoints))]),
+    };
+    Struct {
+        fields: HashMap::from([(
+            LB_NAMESPACE.to_string(),
+            Value {
+                kind: Some(value::Kind::StructValue(inner)),
+            },
+        )]),
+    }
+}
+
+fn text_value(text: &str) -> Value {
+    Value {
+        kind: Some(value::Kind::StringValue(text.to_string())),
+    }
+}
+
+/// The endpoint that served the request, when the gateway says
+/// (`envoy.lb` / `x-gateway-destination-endpoint-served` in the stream's
+/// metadata).
+pub(super) fn served(metadata: Option<&Metadata>) -> Option<String> {
+    let fields = &metadata?.filter_metadata.get(LB_NAMESPACE)?.fields;
+    match fields.get(SERVED_KEY)?.kind.as_ref()? {
+        value::Kind::StringValue(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
+        _ => None,
+    }
+}
 
 /// The reply ending the request with the router's own error.
 pub(super) fn immediate(reply: &LocalReply) -> ProcessingResponse {

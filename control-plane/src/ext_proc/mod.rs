@@ -47,6 +47,7 @@ use crate::body_budget::{BodyBudget, BodyHold};
 use crate::engine::Engine;
 use crate::workers::HealthChecker;
 
+mod duplex;
 mod exchange;
 mod messages;
 #[cfg(test)]
@@ -153,6 +154,8 @@ pub(super) struct Exchange {
     declared_body: Option<usize>,
     /// The decision sent a prefill half to follow.
     follow_prefill: bool,
+    /// Which bodies Envoy streams in full duplex, and answer bytes held.
+    duplex: duplex::Duplex,
 }
 
 impl Exchange {
@@ -179,6 +182,7 @@ impl Exchange {
             facts: EndFacts::default(),
             declared_body: None,
             follow_prefill: false,
+            duplex: duplex::Duplex::default(),
         }
     }
 
@@ -245,6 +249,19 @@ impl Exchange {
             }
             let reply = match next {
                 Next::Reply(reply) => *reply,
+                Next::Replies(replies) => {
+                    let mut sent = true;
+                    for reply in replies {
+                        if tx.send(Ok(reply)).await.is_err() {
+                            sent = false;
+                            break;
+                        }
+                    }
+                    if !sent {
+                        break;
+                    }
+                    continue;
+                }
                 Next::Nothing => continue,
                 Next::AwaitAdmission => {
                     let (engine, ticket) = (self.engine.clone(), self.lc.ticket());
