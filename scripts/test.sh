@@ -2,8 +2,9 @@
 # Runs every test: formatting and lints, unit and property tests, the
 # end-to-end suite against a real Envoy with the wasm filter, the control
 # plane and simulated SGLang workers, the end-to-end suite again through the
-# ext_proc front door, and a short fuzz run of the body handling. Installs
-# what is missing first.
+# ext_proc front door, once more through ext_proc set up the way an
+# InferencePool gateway sets up its endpoint picker, and a short fuzz run of
+# the body handling. Installs what is missing first.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -32,6 +33,10 @@ SGLANG_ENVOY_BIN="$VENV/bin/envoy" cargo test --workspace -- --test-threads 2
 
 log "end-to-end tests through the ext_proc front door"
 SGLANG_ENVOY_FRONT_DOOR=ext_proc SGLANG_ENVOY_BIN="$VENV/bin/envoy" \
+  cargo test -p sglang-envoy-e2e -- --test-threads 2
+
+log "end-to-end tests through ext_proc set up as a gateway's endpoint picker"
+SGLANG_ENVOY_FRONT_DOOR=picker SGLANG_ENVOY_BIN="$VENV/bin/envoy" \
   cargo test -p sglang-envoy-e2e -- --test-threads 2
 
 log "fuzzing the body parsing and injection (short run)"

@@ -92,5 +92,9 @@ pub(crate) fn render_template(
             String::from_utf8_lossy(&rendered.stderr)
         );
     }
+    if FrontDoor::current() == FrontDoor::Picker {
+        let text = std::fs::read_to_string(config_path)?;
+        std::fs::write(config_path, crate::gateway::picker::config(&text)?)?;
+    }
     Ok(())
 }

@@ -5,7 +5,9 @@
 //! Binaries are found under `target/release` (scripts/test.sh builds them);
 //! `SGLANG_ENVOY_BIN` overrides the Envoy binary; `SGLANG_ENVOY_FRONT_DOOR=ext_proc`
 //! runs Envoy with the ext_proc filter (`envoy/envoy-ext-proc.yaml`) instead
-//! of the wasm filter.
+//! of the wasm filter, `SGLANG_ENVOY_FRONT_DOOR=picker` with that filter set
+//! up as an InferencePool gateway sets up its endpoint picker
+//! ([`gateway::picker`]). `E2E_ENVOY_LOG` sets Envoy's log level (`warn`).
 
 mod envoy_config;
 pub mod gateway;

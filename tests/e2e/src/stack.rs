@@ -27,30 +27,43 @@ fn envoy_bin() -> PathBuf {
 }
 
 /// How requests get from Envoy to the control plane: the wasm filter
-/// (`envoy/envoy.yaml`) or Envoy's built-in ext_proc filter
-/// (`envoy/envoy-ext-proc.yaml`).
+/// (`envoy/envoy.yaml`), Envoy's built-in ext_proc filter
+/// (`envoy/envoy-ext-proc.yaml`), or that ext_proc filter configured the way
+/// an InferencePool gateway configures its endpoint picker
+/// ([`crate::gateway::picker`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrontDoor {
     /// The proxy-wasm filter (the default).
     Wasm,
     /// The `envoy.filters.http.ext_proc` filter.
     ExtProc,
+    /// The ext_proc filter as a Gateway API Inference Extension gateway
+    /// sets it up: full-duplex bodies both ways, the destination read from
+    /// dynamic metadata.
+    Picker,
 }
 
 impl FrontDoor {
-    /// Chosen by `SGLANG_ENVOY_FRONT_DOOR` (`wasm`, the default, or `ext_proc`).
+    /// Chosen by `SGLANG_ENVOY_FRONT_DOOR` (`wasm`, the default, `ext_proc`
+    /// or `picker`).
     pub fn current() -> FrontDoor {
         match std::env::var("SGLANG_ENVOY_FRONT_DOOR").as_deref() {
             Ok("ext_proc") | Ok("ext-proc") | Ok("extproc") => FrontDoor::ExtProc,
+            Ok("picker") | Ok("gateway") => FrontDoor::Picker,
             _ => FrontDoor::Wasm,
         }
+    }
+
+    /// Envoy's ext_proc filter carries the requests (in either setup).
+    pub fn is_ext_proc(self) -> bool {
+        matches!(self, FrontDoor::ExtProc | FrontDoor::Picker)
     }
 
     /// The Envoy config template of this front door, relative to the repo.
     pub fn template(self) -> &'static str {
         match self {
             FrontDoor::Wasm => "envoy/envoy.yaml",
-            FrontDoor::ExtProc => "envoy/envoy-ext-proc.yaml",
+            FrontDoor::ExtProc | FrontDoor::Picker => "envoy/envoy-ext-proc.yaml",
         }
     }
 }
@@ -389,6 +402,8 @@ pub struct Stack {
     pub dir: PathBuf,
     /// `http://127.0.0.1:port` of Envoy's own admin interface (stats).
     pub envoy_admin: String,
+    /// `http://127.0.0.1:port` of the control plane's gRPC port.
+    pub grpc: String,
     cp: Proc,
     cp_args: Vec<String>,
     cp_starts: usize,
@@ -588,7 +603,7 @@ impl Stack {
                 opts.envoy_concurrency.to_string(),
                 "--disable-hot-restart".into(),
                 "--log-level".into(),
-                "warn".into(),
+                std::env::var("E2E_ENVOY_LOG").unwrap_or("warn".into()),
             ],
             &dir,
         )?;
@@ -600,6 +615,7 @@ impl Stack {
             admin,
             dir,
             envoy_admin: format!("http://127.0.0.1:{envoy_admin}"),
+            grpc: format!("http://127.0.0.1:{grpc_port}"),
             cp,
             cp_args: args,
             cp_starts: 1,

@@ -139,6 +139,10 @@ async fn control_plane_down_with_no_healthy_worker_known_is_a_prompt_answer() {
     );
     match FrontDoor::current() {
         FrontDoor::Wasm => expect_error(r, 503, "control plane").await,
+        // A picker's gateway fails closed (full duplex cannot fail open).
+        FrontDoor::Picker => {
+            expect_openai_error(r, 503).await;
+        }
         FrontDoor::ExtProc => {
             assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
         }

@@ -14,6 +14,49 @@ use sglang_envoy_e2e::{
 /// workers Envoy last learnt through EDS (its fallback round robin), and a
 /// client still cannot choose the worker. (The wasm filter fails closed: see
 /// `errors::control_plane_down_is_a_prompt_answer`.)
+/// The picker setup (full-duplex bodies) cannot fail open: Envoy has handed
+/// the body to the control plane. With the control plane dead each request
+/// gets a prompt JSON 503 and reaches no worker; once it is back, requests
+/// are routed again.
+#[tokio::test]
+async fn a_picker_fails_closed_at_once_and_routes_again_when_back() {
+    if FrontDoor::current() != FrontDoor::Picker {
+        eprintln!("skipped: the picker setup only");
+        return;
+    }
+    let mut stack = Stack::with_workers(1).await;
+    assert_eq!(
+        stack.post("/generate", r#"{"text":"a"}"#).await.status(),
+        200
+    );
+    stack.kill_control_plane();
+    for i in 0..5 {
+        let started = Instant::now();
+        let r = stack
+            .post("/generate", &format!(r#"{{"text":"b{i}"}}"#))
+            .await;
+        expect_openai_error(r, 503).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        stack.workers[0].served().await,
+        1,
+        "no request went unrouted"
+    );
+    stack.restart_control_plane().await.unwrap();
+    let s = &stack;
+    assert!(
+        wait_until(Duration::from_secs(10), || async move {
+            s.post("/generate", r#"{"text":"c"}"#).await.status() == 200
+        })
+        .await
+    );
+}
+
 #[tokio::test]
 async fn ext_proc_fails_open_when_the_control_plane_dies() {
     if FrontDoor::current() != FrontDoor::ExtProc {

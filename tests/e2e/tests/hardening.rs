@@ -265,23 +265,32 @@ async fn envoys_own_replies_are_openai_json() {
         wait,
     )
     .await;
-    assert!(a.starts_with("HTTP/1.1 426"), "{a}");
-    assert_eq!(raw_json(&a)["error"]["code"], 426);
-    let (a, _) = raw(
-        &stack,
-        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-        wait,
-    )
-    .await;
-    assert!(a.starts_with("HTTP/1.1 400"), "{a}");
-    assert_eq!(raw_json(&a)["error"]["type"], "invalid_request_error");
-    let huge = format!(
-        "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nx-big: {}\r\n\r\n",
-        "a".repeat(80_000)
-    );
-    let (a, _) = raw(&stack, huge.as_bytes(), wait).await;
-    assert!(a.starts_with("HTTP/1.1 431"), "{a}");
-    assert_eq!(raw_json(&a)["error"]["code"], 431);
+    if FrontDoor::current() == FrontDoor::Picker {
+        // A gateway's picker sees every answer (response headers SEND, no
+        // mode override in full duplex), Envoy's codec replies too; Envoy
+        // 1.40 resets the stream while ext_proc holds such a reply, so
+        // the client's connection closes without one. Nothing reaches a
+        // worker either way.
+        assert_eq!(a, "", "{a}");
+    } else {
+        assert!(a.starts_with("HTTP/1.1 426"), "{a}");
+        assert_eq!(raw_json(&a)["error"]["code"], 426);
+        let (a, _) = raw(
+            &stack,
+            b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            wait,
+        )
+        .await;
+        assert!(a.starts_with("HTTP/1.1 400"), "{a}");
+        assert_eq!(raw_json(&a)["error"]["type"], "invalid_request_error");
+        let huge = format!(
+            "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nx-big: {}\r\n\r\n",
+            "a".repeat(80_000)
+        );
+        let (a, _) = raw(&stack, huge.as_bytes(), wait).await;
+        assert!(a.starts_with("HTTP/1.1 431"), "{a}");
+        assert_eq!(raw_json(&a)["error"]["code"], 431);
+    }
     // A chunked body over the limit.
     let chunk = "z".repeat(500_000);
     let mut chunked = String::from(
@@ -442,7 +451,9 @@ async fn a_body_ended_by_trailers_is_refused_not_forwarded_unrouted() {
     // trailers, so it is routed like any other. Never does it reach the
     // worker without a decision.
     match FrontDoor::current() {
-        FrontDoor::Wasm => {
+        // A picker streams the body in full duplex and sees its end: the
+        // trailers; it refuses the body as the wasm filter does.
+        FrontDoor::Wasm | FrontDoor::Picker => {
             assert_eq!(status, 400, "{v}");
             assert_eq!(v["error"]["code"], 400);
             assert_eq!(stack.workers[0].served().await, 0);

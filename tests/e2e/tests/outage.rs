@@ -13,6 +13,11 @@ use sglang_envoy_e2e::{FrontDoor, PdOptions, SimWorker, Stack, StackOptions};
 
 #[tokio::test]
 async fn ten_seconds_without_the_control_plane_fail_no_request() {
+    if FrontDoor::current() == FrontDoor::Picker {
+        // Full duplex fails closed: `front_door::a_picker_fails_closed_...`.
+        eprintln!("skipped: the picker setup fails closed");
+        return;
+    }
     let mut stack = Stack::start(StackOptions {
         workers: 1,
         policy: "round_robin".into(),
@@ -165,6 +170,11 @@ fn load(
 
 #[tokio::test]
 async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
+    if FrontDoor::current() == FrontDoor::Picker {
+        // Full duplex fails closed: `front_door::a_picker_fails_closed_...`.
+        eprintln!("skipped: the picker setup fails closed");
+        return;
+    }
     let mut stack = Stack::start(StackOptions {
         pd: Some(PdOptions {
             prefills: 2,
@@ -198,7 +208,7 @@ async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
     for c in clients {
         failures.extend(c.await.unwrap());
     }
-    if FrontDoor::current() == FrontDoor::ExtProc {
+    if FrontDoor::current().is_ext_proc() {
         // Envoy's ext_proc filter can only fail open: the decode half goes
         // out without bootstrap fields and the worker refuses it (400), at
         // once rather than after a KV timeout. As with the filter below, a

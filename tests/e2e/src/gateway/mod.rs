@@ -12,6 +12,7 @@
 
 pub mod envoy_gateway;
 pub mod istio;
+pub mod picker;
 
 use serde_yaml::{Mapping, Value};
 

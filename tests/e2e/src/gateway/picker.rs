@@ -1,0 +1,95 @@
+//! The ext_proc front door configured the way a Gateway API Inference
+//! Extension gateway (Envoy Gateway, kgateway, Istio, GKE) sets up Envoy for
+//! an InferencePool's endpoint picker, per the protocol
+//! (`docs/proposals/004-endpoint-picker-protocol`):
+//!
+//! - request and response bodies in `FULL_DUPLEX_STREAMED` mode, trailers
+//!   sent (the mode requires it), response headers always sent, and no
+//!   mode override (Envoy allows none in this mode);
+//! - failing closed (503) when the picker cannot be reached;
+//! - the destination read by `override_host` from the dynamic metadata
+//!   `envoy.lb` / `x-gateway-destination-endpoint` alone, which the ext_proc
+//!   filter accepts from the picker (`metadata_options`).
+//!
+//! It is made from the rendered `envoy/envoy-ext-proc.yaml`, so everything
+//! else (routes, limits, clusters, TLS) stays the shipped front door's.
+
+use anyhow::{bail, Context};
+
+/// The processing mode of the shipped ext_proc config, replaced whole.
+const SHIPPED_MODE_START: &str = "              processing_mode:\n";
+const SHIPPED_MODE_END: &str = "              allow_mode_override: true\n";
+
+const PICKER_MODE: &str = "              processing_mode:
+                request_header_mode: SEND
+                request_body_mode: FULL_DUPLEX_STREAMED
+                request_trailer_mode: SEND
+                response_header_mode: SEND
+                response_body_mode: FULL_DUPLEX_STREAMED
+                response_trailer_mode: SEND
+              # The client's content-length stays (the picker sets it when
+              # it edits the body), so a worker sees the request as sent.
+              allow_content_length_header: true
+              # The picker's destination, written as dynamic metadata.
+              metadata_options:
+                receiving_namespaces: { untyped: [envoy.lb] }
+";
+
+/// The shipped config fails open; Envoy cannot in full duplex (it has
+/// handed the body to the picker), so a gateway's picker fails closed, and
+/// this one says so with 503 rather than Envoy's default 500.
+const SHIPPED_FAILURE: &str = "              failure_mode_allow: true\n";
+const PICKER_FAILURE: &str = "              failure_mode_allow: false
+              status_on_error: { code: 503 }
+";
+
+/// Where the shipped config's clusters read the destination.
+const SHIPPED_SOURCE: &str = "- header: x-gateway-destination-endpoint\n";
+
+const PICKER_SOURCE: &str =
+    "- metadata: { key: envoy.lb, path: [ { key: x-gateway-destination-endpoint } ] }\n";
+
+/// `rendered` (the shipped ext_proc config, rendered) as an InferencePool
+/// gateway would configure it.
+pub fn config(rendered: &str) -> anyhow::Result<String> {
+    let start = rendered
+        .find(SHIPPED_MODE_START)
+        .context("no processing_mode in the ext_proc config")?;
+    let end = rendered[start..]
+        .find(SHIPPED_MODE_END)
+        .map(|i| start + i + SHIPPED_MODE_END.len())
+        .context("no allow_mode_override after processing_mode")?;
+    let mut out = format!("{}{PICKER_MODE}{}", &rendered[..start], &rendered[end..]);
+    if out.matches(SHIPPED_FAILURE).count() != 1 {
+        bail!("no failure_mode_allow in the ext_proc config");
+    }
+    out = out.replace(SHIPPED_FAILURE, PICKER_FAILURE);
+    let sources = out.matches(SHIPPED_SOURCE).count();
+    if sources == 0 {
+        bail!("no override_host header source in the ext_proc config");
+    }
+    out = out.replace(SHIPPED_SOURCE, PICKER_SOURCE);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_config_becomes_full_duplex_and_routes_by_metadata_only() {
+        let shipped = crate::read_repo_file("envoy/envoy-ext-proc.yaml");
+        let out = config(&shipped).unwrap();
+        assert!(!out.contains("allow_mode_override"));
+        assert!(out.contains(PICKER_FAILURE) && !out.contains(SHIPPED_FAILURE));
+        assert!(!out.contains("request_body_mode: BUFFERED"));
+        assert_eq!(out.matches("_body_mode: FULL_DUPLEX_STREAMED").count(), 2);
+        assert!(!out.contains(SHIPPED_SOURCE), "the header is not read");
+        assert_eq!(
+            out.matches(PICKER_SOURCE).count(),
+            shipped.matches(SHIPPED_SOURCE).count()
+        );
+        let yaml: serde_yaml::Value = serde_yaml::from_str(&out).unwrap();
+        assert!(yaml["static_resources"].is_mapping());
+    }
+}
