@@ -91,7 +91,24 @@ impl Engine {
     fn decide_route(&self, req: &Question) -> Result<Choice, Unrouted> {
         let started = Instant::now();
         let serving_role = Role::serving(self.options.mode);
-        let serving = self.registry.available(serving_role);
+        let mut serving = self.registry.available(serving_role);
+        if let Some(subset) = &req.subset {
+            // The gateway's subset hint: only these endpoints, or none.
+            let narrowed = serving
+                .iter()
+                .filter(|w| subset.iter().any(|e| *e == w.endpoint_text))
+                .cloned()
+                .collect();
+            serving = Arc::new(narrowed);
+            if serving.is_empty() {
+                self.metrics.error("no_healthy_workers");
+                return Err(rejected(
+                    503,
+                    "service_unavailable",
+                    "no endpoint of the gateway's subset hint is ready",
+                ));
+            }
+        }
 
         // Model and server info: any healthy worker, no load counted.
         if req.method == "GET" && is_info_path(&req.path) {

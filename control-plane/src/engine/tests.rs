@@ -1,6 +1,6 @@
 //! The engine's decisions, counts and releases, without a network.
 
-use sglang_envoy_lifecycle::{wire, Mode, Question};
+use sglang_envoy_lifecycle::{wire, Mode, Question, Unrouted};
 use sglang_envoy_proto::{route_response, Decision, RouteRequest, RouteResponse};
 
 use super::*;
@@ -431,5 +431,46 @@ async fn pd_without_prefill_workers_is_503() {
             assert!(r.message.contains("prefill"), "{}", r.message);
         }
         other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_subset_hint_narrows_the_choice_and_an_unmet_one_is_a_503() {
+    let e = engine_with(
+        EngineOptions::default(),
+        &[
+            (1, WorkerSpec::REGULAR, None),
+            (2, WorkerSpec::REGULAR, None),
+            (3, WorkerSpec::REGULAR, None),
+        ],
+    );
+    let ask = |subset: Option<Vec<String>>, ticket: u64| {
+        e.route(&Question {
+            path: "/generate".into(),
+            method: "POST".into(),
+            routing_text: format!("text {ticket}").into_bytes(),
+            ticket,
+            subset,
+            ..Default::default()
+        })
+    };
+    let hint = vec!["127.0.0.1:3".to_string(), "10.0.0.9:1".to_string()];
+    for ticket in 1..=6 {
+        let routed = ask(Some(hint.clone()), ticket).unwrap();
+        assert!(
+            routed.endpoints.iter().all(|e| e == "127.0.0.1:3"),
+            "only the hinted endpoint, retries included: {:?}",
+            routed.endpoints
+        );
+    }
+    let spread: std::collections::HashSet<String> = (7..=12)
+        .map(|t| ask(None, t).unwrap().endpoints[0].clone())
+        .collect();
+    assert_eq!(spread.len(), 3, "no hint: every worker");
+    for unmet in [vec![], vec!["10.0.0.9:1".to_string()]] {
+        let Err(Unrouted::Rejected(r)) = ask(Some(unmet), 20) else {
+            panic!("an unmet hint is refused");
+        };
+        assert_eq!(r.status, 503);
     }
 }

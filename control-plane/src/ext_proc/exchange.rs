@@ -87,6 +87,9 @@ impl Exchange {
         if let Some(host) = messages::served(message.metadata_context.as_ref()) {
             self.facts.upstream_host = host;
         }
+        if let Some(subset) = messages::subset_hint(message.metadata_context.as_ref()) {
+            self.subset = Some(subset);
+        }
         if let Some(n) = a.attempts {
             self.facts.attempts = n;
         }
@@ -211,7 +214,8 @@ impl Exchange {
     pub(super) fn step(&mut self, mut step: Step) -> Next {
         loop {
             step = match step {
-                Step::Ask(question) => {
+                Step::Ask(mut question) => {
+                    question.subset = self.subset.clone();
                     let answer = self.engine.route(&question);
                     self.lc.on_answer(answer, &self.request)
                 }

@@ -76,6 +76,34 @@ pub(super) fn served(metadata: Option<&Metadata>) -> Option<String> {
     }
 }
 
+/// The namespace and key of the picker protocol's subset hint, in the
+/// stream's metadata: the endpoints a request may go to.
+const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+
+/// The gateway's subset hint, when it gives one: a list of `ip:port`
+/// (a comma-separated text is taken too). Present but empty is a hint
+/// nothing can meet.
+pub(super) fn subset_hint(metadata: Option<&Metadata>) -> Option<Vec<String>> {
+    let fields = &metadata?.filter_metadata.get(SUBSET_NAMESPACE)?.fields;
+    let endpoint = |text: &str| {
+        let text = text.trim();
+        (!text.is_empty()).then(|| text.to_string())
+    };
+    Some(match fields.get(SUBSET_KEY)?.kind.as_ref()? {
+        value::Kind::ListValue(list) => list
+            .values
+            .iter()
+            .filter_map(|v| match v.kind.as_ref() {
+                Some(value::Kind::StringValue(s)) => endpoint(s),
+                _ => None,
+            })
+            .collect(),
+        value::Kind::StringValue(s) => s.split(',').filter_map(endpoint).collect(),
+        _ => Vec::new(),
+    })
+}
+
 /// The reply ending the request with the router's own error.
 pub(super) fn immediate(reply: &LocalReply) -> ProcessingResponse {
     ProcessingResponse {

@@ -156,6 +156,8 @@ pub(super) struct Exchange {
     follow_prefill: bool,
     /// Which bodies Envoy streams in full duplex, and answer bytes held.
     duplex: duplex::Duplex,
+    /// The endpoints the gateway allows this request (its subset hint).
+    subset: Option<Vec<String>>,
 }
 
 impl Exchange {
@@ -183,6 +185,7 @@ impl Exchange {
             declared_body: None,
             follow_prefill: false,
             duplex: duplex::Duplex::default(),
+            subset: None,
         }
     }
 

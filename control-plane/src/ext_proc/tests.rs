@@ -553,3 +553,53 @@ fn the_served_endpoint_comes_from_the_gateways_metadata() {
     assert_eq!(super::messages::served(None), None);
     assert_eq!(super::messages::served(Some(&Metadata::default())), None);
 }
+
+#[tokio::test]
+async fn the_subset_hint_in_the_streams_metadata_narrows_the_choice() {
+    use envoy_types::pb::envoy::config::core::v3::Metadata;
+    use envoy_types::pb::google::protobuf::{ListValue, Value};
+    let text = |s: &str| Value {
+        kind: Some(value::Kind::StringValue(s.to_string())),
+    };
+    let hint = |endpoints: Vec<Value>| Metadata {
+        filter_metadata: [(
+            "envoy.lb.subset_hint".to_string(),
+            Struct {
+                fields: [(
+                    "x-gateway-destination-endpoint-subset".to_string(),
+                    Value {
+                        kind: Some(value::Kind::ListValue(ListValue { values: endpoints })),
+                    },
+                )]
+                .into(),
+            },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let e = engine(3);
+    for (metadata, expect) in [
+        (hint(vec![text("127.0.0.1:2")]), Some("127.0.0.1:2")),
+        (hint(vec![]), None),
+        (hint(vec![text("10.1.1.1:80")]), None),
+    ] {
+        let mut s = Stream::open(&e, 1 << 20);
+        let first = ProcessingRequest {
+            request: Some(post("/generate")),
+            metadata_context: Some(metadata),
+            ..Default::default()
+        };
+        s.to.as_ref().unwrap().send(Ok(first)).await.unwrap();
+        s.from.recv().await.unwrap().unwrap();
+        let r = s.ask(body(r#"{"text":"x"}"#)).await;
+        match expect {
+            Some(endpoint) => {
+                let endpoints = set(&r, ENDPOINT_HEADER).unwrap();
+                assert!(endpoints.split(',').all(|e| e == endpoint), "{endpoints}");
+            }
+            None => assert_eq!(immediate(&r).0, 503),
+        }
+        s.end(false).await;
+    }
+    assert_eq!(total_load(&e), 0);
+}

@@ -30,6 +30,9 @@ pub struct Question {
     /// The body itself, when the engine needs it (PD: it builds the prefill
     /// half); empty otherwise.
     pub body: Vec<u8>,
+    /// The endpoints (`ip:port`) the request may go to, when the gateway
+    /// narrows them (the picker protocol's subset hint; ext_proc only).
+    pub subset: Option<Vec<String>>,
 }
 
 /// A decision: where the request goes, and what changes on its way.

@@ -22,6 +22,8 @@ impl From<RouteRequest> for Question {
             ticket: r.ticket,
             headers: r.headers.into_iter().map(|h| (h.name, h.value)).collect(),
             body: r.body,
+            // The filter's questions carry none.
+            subset: None,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! gRPC port, and bodies far over one ext_proc message.
 
 use serde_json::Value;
-use sglang_envoy_e2e::{Stack, StackOptions};
+use sglang_envoy_e2e::{expect_openai_error, FrontDoor, Stack, StackOptions};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -85,4 +85,38 @@ async fn bodies_over_one_message_arrive_whole() {
             "{size}: the length matches what arrived"
         );
     }
+}
+
+/// The protocol: with a subset hint the picker chooses only among those
+/// endpoints; when none of them is ready (or the list is empty), 503.
+#[tokio::test]
+async fn a_gateways_subset_hint_is_obeyed() {
+    if FrontDoor::current() != FrontDoor::Picker {
+        eprintln!("skipped: the picker setup sets the hint");
+        return;
+    }
+    let stack = Stack::with_workers(3).await;
+    let chosen = stack.workers[1].address();
+    let post = |hint: String, i: usize| {
+        reqwest::Client::new()
+            .post(stack.url("/generate"))
+            .header("x-test-subset-hint", hint)
+            .body(format!(r#"{{"text":"request {i}"}}"#))
+            .send()
+    };
+    for i in 0..6 {
+        let r = post(format!("10.255.0.1:9,{chosen}"), i).await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(stack.workers[1].served().await, 6);
+    assert_eq!(
+        stack.workers[0].served().await + stack.workers[2].served().await,
+        0
+    );
+    for hint in ["10.255.0.1:9", ","] {
+        let r = post(hint.to_string(), 9).await.unwrap();
+        let message = expect_openai_error(r, 503).await;
+        assert!(message.contains("subset"), "{message}");
+    }
+    assert_eq!(stack.workers[1].served().await, 6, "nothing more went out");
 }

@@ -7,6 +7,8 @@
 //!   sent (the mode requires it), response headers always sent, and no
 //!   mode override (Envoy allows none in this mode);
 //! - failing closed (503) when the picker cannot be reached;
+//! - a subset hint (`envoy.lb.subset_hint`) sent to the picker; a Lua
+//!   filter stands for the gateway's logic that sets it;
 //! - the destination read by `override_host` from the dynamic metadata
 //!   `envoy.lb` / `x-gateway-destination-endpoint` alone, which the ext_proc
 //!   filter accepts from the picker (`metadata_options`).
@@ -30,10 +32,33 @@ const PICKER_MODE: &str = "              processing_mode:
               # The client's content-length stays (the picker sets it when
               # it edits the body), so a worker sees the request as sent.
               allow_content_length_header: true
-              # The picker's destination, written as dynamic metadata.
+              # The picker's destination, written as dynamic metadata; the
+              # subset hint, sent to it.
               metadata_options:
                 receiving_namespaces: { untyped: [envoy.lb] }
+                forwarding_namespaces: { untyped: [envoy.lb.subset_hint] }
 ";
+
+/// The shipped config's ext_proc filter, before which the subset hint is set.
+const SHIPPED_FILTER: &str = "          - name: sglang.router\n";
+
+/// What stands for the gateway's own choice of a subset: the hint is taken
+/// from the test header `x-test-subset-hint` (comma-separated `ip:port`) and
+/// written where a gateway writes it, as a list.
+const SUBSET_FILTER: &str = r#"          - name: test.subset_hint
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+              default_source_code:
+                inline_string: |
+                  function envoy_on_request(handle)
+                    local hint = handle:headers():get("x-test-subset-hint")
+                    if hint == nil then return end
+                    local list = {}
+                    for e in string.gmatch(hint, "[^,]+") do table.insert(list, e) end
+                    handle:streamInfo():dynamicMetadata():set(
+                      "envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset", list)
+                  end
+"#;
 
 /// The shipped config fails open; Envoy cannot in full duplex (it has
 /// handed the body to the picker), so a gateway's picker fails closed, and
@@ -64,6 +89,10 @@ pub fn config(rendered: &str) -> anyhow::Result<String> {
         bail!("no failure_mode_allow in the ext_proc config");
     }
     out = out.replace(SHIPPED_FAILURE, PICKER_FAILURE);
+    if out.matches(SHIPPED_FILTER).count() != 1 {
+        bail!("no ext_proc filter named sglang.router in the ext_proc config");
+    }
+    out = out.replace(SHIPPED_FILTER, &format!("{SUBSET_FILTER}{SHIPPED_FILTER}"));
     let sources = out.matches(SHIPPED_SOURCE).count();
     if sources == 0 {
         bail!("no override_host header source in the ext_proc config");
