@@ -25,6 +25,7 @@ pub mod engine;
 pub mod enrollment;
 pub mod ext_proc;
 pub mod grpc_health;
+pub mod grpc_tls;
 pub mod metrics;
 pub mod pd;
 pub mod policy_flags;

@@ -25,7 +25,7 @@ use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::workers::{worker_client, AddressPolicy, HealthChecker, Registry};
 use sglang_envoy_control_plane::{
-    admin, ext_proc, grpc_health, policy_flags, service, startup, upkeep, xds,
+    admin, ext_proc, grpc_health, grpc_tls, policy_flags, service, startup, upkeep, xds,
 };
 
 /// mimalloc instead of glibc's allocator: a routing decision allocates a
@@ -112,7 +112,10 @@ impl Router {
             request_timeout: Duration::from_secs(args.request_timeout_secs),
             addresses: AddressPolicy {
                 allow_link_local: args.allow_link_local_workers,
-                own_ports: vec![args.admin_port, args.grpc_port],
+                own_ports: [args.admin_port, args.grpc_port]
+                    .into_iter()
+                    .chain(args.grpc_health_port)
+                    .collect(),
                 own_host: Some(args.host),
             },
             worker_client: worker_client.clone(),
@@ -146,7 +149,14 @@ impl Router {
         // Questions and ext_proc messages carry whole request bodies:
         // tonic's default limit (4 MiB) would turn larger ones into errors.
         let limit = args.grpc_message_limit();
-        let grpc = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if args.secure_serving {
+            let names = vec!["localhost".to_string(), args.host.to_string()];
+            let tls = grpc_tls::server_config(args.cert_path.as_deref(), names)
+                .context("TLS on the gRPC port")?;
+            builder = builder.tls_config(tls).context("TLS on the gRPC port")?;
+        }
+        let grpc = builder
             .add_service(grpc_health::service().await)
             .add_service(
                 RouterServer::new(service::RouterService::new(engine.clone(), health.clone()))
@@ -165,6 +175,24 @@ impl Router {
                 .max_decoding_message_size(limit),
             )
             .serve(grpc_addr);
+
+        let health_only = match args.grpc_health_port {
+            Some(port) => {
+                let addr = SocketAddr::new(args.host, port);
+                let server = tonic::transport::Server::builder()
+                    .add_service(grpc_health::service().await)
+                    .serve(addr);
+                info!(%addr, "gRPC health also served here");
+                Some(server)
+            }
+            None => None,
+        };
+        let health_only = async move {
+            match health_only {
+                Some(server) => server.await,
+                None => std::future::pending().await,
+            }
+        };
 
         let admin_addr = SocketAddr::new(args.host, args.admin_port);
         let listener = tokio::net::TcpListener::bind(admin_addr)
@@ -198,6 +226,7 @@ impl Router {
         };
         tokio::select! {
             r = grpc => r.context("gRPC server failed")?,
+            r = health_only => r.context("gRPC health server failed")?,
             r = admin => r.context("admin server failed")?,
             r = prometheus => r.context("metrics server failed")?,
             _ = tokio::signal::ctrl_c() => info!("shutting down"),

@@ -266,6 +266,29 @@ pub struct Args {
     #[arg(long, default_value_t = 30011)]
     pub grpc_port: u16,
 
+    /// Serve the gRPC port over TLS, as InferencePool gateways expect of an
+    /// endpoint picker: with the certificate in --cert-path, or without it
+    /// a self-signed one made at start. `--secure-serving=false` is taken
+    /// too (the endpoint picker's spelling).
+    #[arg(
+        long,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub secure_serving: bool,
+
+    /// Directory holding `tls.crt` and `tls.key` (a Kubernetes TLS secret
+    /// mounted) for --secure-serving.
+    #[arg(long)]
+    pub cert_path: Option<PathBuf>,
+
+    /// Also answer gRPC health checks, in plaintext, on this port (an
+    /// endpoint picker's 9003: kubelet gRPC probes cannot speak TLS).
+    #[arg(long)]
+    pub grpc_health_port: Option<u16>,
+
     /// Bearer token required by the admin API's mutating endpoints (add and
     /// remove workers). Without it anyone who reaches the admin port (or
     /// Envoy's client port, which routes the admin paths) can change the
@@ -421,6 +444,9 @@ impl Args {
             .is_some_and(|t| t.trim().is_empty())
         {
             return Err("--admin-token must not be empty".into());
+        }
+        if self.cert_path.is_some() && !self.secure_serving {
+            return Err("--cert-path is for --secure-serving; give both".into());
         }
         if self.client_cert_path.is_some() != self.client_key_path.is_some() {
             // sglang-router's message, word for word.

@@ -158,3 +158,21 @@ fn bad_threshold_is_rejected() {
     let a = Args::parse_from(["cp", "--cache-threshold", "1.5"]);
     assert!(a.validate().is_err());
 }
+
+#[test]
+fn secure_serving_takes_the_endpoint_pickers_spellings() {
+    assert!(
+        !Args::parse_from(["cp"]).secure_serving,
+        "plaintext by default"
+    );
+    assert!(Args::parse_from(["cp", "--secure-serving"]).secure_serving);
+    assert!(Args::parse_from(["cp", "--secure-serving=true"]).secure_serving);
+    assert!(!Args::parse_from(["cp", "--secure-serving=false"]).secure_serving);
+    let lone_cert = Args::parse_from(["cp", "--cert-path", "/certs"]);
+    assert!(lone_cert
+        .validate()
+        .unwrap_err()
+        .contains("--secure-serving"));
+    let both = Args::parse_from(["cp", "--secure-serving", "--cert-path", "/certs"]);
+    assert!(both.validate().is_ok());
+}
