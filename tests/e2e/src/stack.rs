@@ -402,8 +402,12 @@ pub struct Stack {
     pub dir: PathBuf,
     /// `http://127.0.0.1:port` of Envoy's own admin interface (stats).
     pub envoy_admin: String,
-    /// `http://127.0.0.1:port` of the control plane's gRPC port.
+    /// `http://127.0.0.1:port` of the control plane's gRPC port (TLS in
+    /// the picker setup).
     pub grpc: String,
+    /// `http://127.0.0.1:port` where gRPC health answers in plaintext: the
+    /// gRPC port, or in the picker setup a port of its own.
+    pub grpc_health: String,
     cp: Proc,
     cp_args: Vec<String>,
     cp_starts: usize,
@@ -559,6 +563,15 @@ impl Stack {
             args.extend(workers.iter().map(|w| w.url.clone()));
         }
         args.extend(pd_args);
+        let grpc_health_port = free_port();
+        let picker = FrontDoor::current() == FrontDoor::Picker && opts.envoy_config.is_none();
+        if picker {
+            // As an endpoint picker runs: TLS on the gRPC port (Envoy's
+            // cluster speaks it), plaintext health on a port of its own.
+            args.push("--secure-serving".into());
+            args.push("--grpc-health-port".into());
+            args.push(grpc_health_port.to_string());
+        }
         // Like an operator's deployment: the registry survives restarts.
         args.push("--state-file".into());
         args.push(dir.join("workers.json").display().to_string());
@@ -616,6 +629,11 @@ impl Stack {
             dir,
             envoy_admin: format!("http://127.0.0.1:{envoy_admin}"),
             grpc: format!("http://127.0.0.1:{grpc_port}"),
+            grpc_health: if picker {
+                format!("http://127.0.0.1:{grpc_health_port}")
+            } else {
+                format!("http://127.0.0.1:{grpc_port}")
+            },
             cp,
             cp_args: args,
             cp_starts: 1,

@@ -12,7 +12,19 @@ use tonic_health::pb::HealthCheckRequest;
 #[tokio::test]
 async fn grpc_health_answers_the_services_a_gateway_checks() {
     let stack = Stack::with_workers(1).await;
-    let channel = tonic::transport::Channel::from_shared(stack.grpc.clone())
+    if FrontDoor::current() == FrontDoor::Picker {
+        // The gRPC port speaks TLS only (Envoy reached it to route this far).
+        let plain = tonic::transport::Channel::from_shared(stack.grpc.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let refused = HealthClient::new(plain)
+            .check(HealthCheckRequest::default())
+            .await;
+        assert!(refused.is_err(), "plaintext on the TLS port: {refused:?}");
+    }
+    let channel = tonic::transport::Channel::from_shared(stack.grpc_health.clone())
         .unwrap()
         .connect()
         .await

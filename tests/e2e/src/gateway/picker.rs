@@ -6,6 +6,8 @@
 //! - request and response bodies in `FULL_DUPLEX_STREAMED` mode, trailers
 //!   sent (the mode requires it), response headers always sent, and no
 //!   mode override (Envoy allows none in this mode);
+//! - TLS to the picker, unverified (the control plane runs with
+//!   `--secure-serving`, a self-signed certificate made at start);
 //! - failing closed (503) when the picker cannot be reached;
 //! - a subset hint (`envoy.lb.subset_hint`) sent to the picker; a Lua
 //!   filter stands for the gateway's logic that sets it;
@@ -68,6 +70,21 @@ const PICKER_FAILURE: &str = "              failure_mode_allow: false
               status_on_error: { code: 503 }
 ";
 
+/// The shipped config's cluster of the control plane's gRPC port.
+const SHIPPED_CP_CLUSTER: &str = "  - name: sglang_control_plane\n    type: STRICT_DNS\n";
+
+/// Gateways reach their picker over TLS without verifying it (the picker's
+/// certificate is self-signed, made at start: `--secure-serving`).
+const PICKER_CP_CLUSTER: &str = "  - name: sglang_control_plane
+    type: STRICT_DNS
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        common_tls_context:
+          alpn_protocols: [h2]
+";
+
 /// Where the shipped config's clusters read the destination.
 const SHIPPED_SOURCE: &str = "- header: x-gateway-destination-endpoint\n";
 
@@ -93,6 +110,10 @@ pub fn config(rendered: &str) -> anyhow::Result<String> {
         bail!("no ext_proc filter named sglang.router in the ext_proc config");
     }
     out = out.replace(SHIPPED_FILTER, &format!("{SUBSET_FILTER}{SHIPPED_FILTER}"));
+    if out.matches(SHIPPED_CP_CLUSTER).count() != 1 {
+        bail!("no sglang_control_plane cluster in the ext_proc config");
+    }
+    out = out.replace(SHIPPED_CP_CLUSTER, PICKER_CP_CLUSTER);
     let sources = out.matches(SHIPPED_SOURCE).count();
     if sources == 0 {
         bail!("no override_host header source in the ext_proc config");
@@ -111,6 +132,7 @@ mod tests {
         let out = config(&shipped).unwrap();
         assert!(!out.contains("allow_mode_override"));
         assert!(out.contains(PICKER_FAILURE) && !out.contains(SHIPPED_FAILURE));
+        assert!(out.contains(PICKER_CP_CLUSTER));
         assert!(!out.contains("request_body_mode: BUFFERED"));
         assert_eq!(out.matches("_body_mode: FULL_DUPLEX_STREAMED").count(), 2);
         assert!(!out.contains(SHIPPED_SOURCE), "the header is not read");
