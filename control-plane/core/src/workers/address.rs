@@ -90,11 +90,12 @@ fn is_link_local(ip: IpAddr) -> bool {
 
 /// The identity of a worker server: two URLs that reach the same socket
 /// (`localhost` and `127.0.0.1`, `[::1]` and `127.0.0.1`) are one worker,
-/// so it cannot be registered twice with two loads. Every loopback address
-/// is the same host.
+/// so it cannot be registered twice with two loads. The other 127.x.y.z
+/// addresses are hosts of their own: servers bound to them are distinct
+/// (the end-to-end tests stand pods up that way, one address each).
 pub fn identity(endpoint: SocketAddr) -> (IpAddr, u16) {
     let ip = canonical_ip(endpoint.ip());
-    let ip = if ip.is_loopback() {
+    let ip = if ip == IpAddr::from(std::net::Ipv6Addr::LOCALHOST) {
         IpAddr::from([127, 0, 0, 1])
     } else {
         ip
@@ -373,6 +374,7 @@ mod tests {
         assert_eq!(id("10.0.0.1:8000"), id("[::ffff:10.0.0.1]:8000"));
         assert_ne!(id("127.0.0.1:8000"), id("127.0.0.1:8001"));
         assert_ne!(id("10.0.0.1:8000"), id("10.0.0.2:8000"));
+        assert_ne!(id("127.0.0.2:8000"), id("127.0.0.3:8000"));
     }
 
     #[tokio::test]
