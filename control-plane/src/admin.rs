@@ -201,25 +201,7 @@ async fn add(
 /// Unregisters the server at `url`, or stops its background registration
 /// (then no unit is returned).
 fn remove(state: &AdminState, url: &str) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
-    match state.engine.remove_worker(url) {
-        Ok(units) => {
-            if let Some(first) = units.first() {
-                info!(worker = %first.base_url, id = %first.id, "worker removed");
-            }
-            Ok(units)
-        }
-        Err(WorkerChangeError::Registry(RegistryError::NotFound(normalised))) => {
-            match state.enrollment.job_by_url(&normalised) {
-                Some(job) => {
-                    state.enrollment.cancel(job.id);
-                    info!(worker = %job.url, id = %job.id, "worker registration cancelled");
-                    Ok(Vec::new())
-                }
-                None => Err(RegistryError::NotFound(normalised).into()),
-            }
-        }
-        Err(e) => Err(e),
-    }
+    state.enrollment.withdraw(url)
 }
 
 fn missing_url() -> Response {

@@ -183,6 +183,30 @@ impl Enrollment {
         self.jobs.lock().remove(&id)
     }
 
+    /// Unregisters the server at `url`, or stops its background
+    /// registration (then no unit is returned).
+    pub fn withdraw(&self, url: &str) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
+        match self.engine.remove_worker(url) {
+            Ok(units) => {
+                if let Some(first) = units.first() {
+                    info!(worker = %first.base_url, id = %first.id, "worker removed");
+                }
+                Ok(units)
+            }
+            Err(WorkerChangeError::Registry(RegistryError::NotFound(normalised))) => {
+                match self.job_by_url(&normalised) {
+                    Some(job) => {
+                        self.cancel(job.id);
+                        info!(worker = %job.url, id = %job.id, "worker registration cancelled");
+                        Ok(Vec::new())
+                    }
+                    None => Err(RegistryError::NotFound(normalised).into()),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn registered(&self, normalised: &str) -> Option<WorkerId> {
         self.engine
             .registry()

@@ -26,6 +26,7 @@ pub mod enrollment;
 pub mod ext_proc;
 pub mod grpc_health;
 pub mod grpc_tls;
+pub mod k8s;
 pub mod metrics;
 pub mod pd;
 pub mod policy_flags;

@@ -25,7 +25,7 @@ use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::workers::{worker_client, AddressPolicy, HealthChecker, Registry};
 use sglang_envoy_control_plane::{
-    admin, ext_proc, grpc_health, grpc_tls, policy_flags, service, startup, upkeep, xds,
+    admin, ext_proc, grpc_health, grpc_tls, k8s, policy_flags, service, startup, upkeep, xds,
 };
 
 /// mimalloc instead of glibc's allocator: a routing decision allocates a
@@ -51,6 +51,10 @@ async fn main() -> anyhow::Result<()> {
     // Probes every server as soon as it is registered, then on its schedule.
     tokio::spawn(router.health.clone().run());
     startup::register_initial_workers(&args, &router.enrollment, &router.health).await?;
+    // Bad selectors or no cluster to reach stop the startup, named.
+    k8s::start(&args, router.enrollment.clone())
+        .await
+        .context("Kubernetes service discovery")?;
     upkeep::spawn(&args, &router.engine);
     router.serve(&args).await
 }

@@ -355,6 +355,33 @@ pub struct Args {
     #[arg(long)]
     pub prometheus_host: Option<IpAddr>,
 
+    /// Find workers among Kubernetes pods (sglang-router's service
+    /// discovery): running, ready pods whose labels match `--selector` (PD:
+    /// `--prefill-selector` / `--decode-selector`) at
+    /// `http://pod-ip:--service-discovery-port`.
+    #[arg(long)]
+    pub service_discovery: bool,
+
+    /// `key=value` labels a worker pod has (all of them).
+    #[arg(long, num_args = 1..)]
+    pub selector: Vec<String>,
+
+    /// PD mode: `key=value` labels a prefill pod has.
+    #[arg(long, num_args = 1..)]
+    pub prefill_selector: Vec<String>,
+
+    /// PD mode: `key=value` labels a decode pod has.
+    #[arg(long, num_args = 1..)]
+    pub decode_selector: Vec<String>,
+
+    /// The port discovered pods serve on.
+    #[arg(long, default_value_t = 80)]
+    pub service_discovery_port: u16,
+
+    /// The namespace whose pods are watched (all when not given).
+    #[arg(long)]
+    pub service_discovery_namespace: Option<String>,
+
     /// What became of sglang-router flags accepted in another form
     /// (filled by [`Args::try_parse_args`], see `peer_flags.rs`).
     #[arg(skip)]

@@ -81,7 +81,6 @@ use Values::{Many, One, Switch};
 
 const TOKENIZER: &str = "the router inside Envoy forwards HTTP: it does not tokenize, apply chat templates or parse model output (SGLang workers do)";
 const HISTORY: &str = "the router keeps no conversation history: it forwards the OpenAI/SGLang endpoints to workers and stores nothing";
-const DISCOVERY: &str = "Kubernetes service discovery is not built yet: register workers with --worker-urls/--prefill/--decode, the /workers admin API, or the deploy recipes";
 const AUTH: &str = "client authentication is not built yet: put Envoy's jwt_authn or ext_authz filter in front of the router filter";
 const TLS: &str = "clients reach Envoy's listener, which is where TLS to clients belongs; the Envoy configs here listen in plaintext (add a DownstreamTlsContext to the listener), and the flag is refused so that a launch line never serves plaintext where TLS was meant";
 
@@ -92,12 +91,6 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--enable-igw", Switch, "", NotApplicable("one router serves one model's workers; route several models with an Envoy route (and a router) per model")),
     flag("--mini-lb", Switch, "", NotApplicable("sglang-router's Python debugging balancer")),
     flag("--log-dir", One, "", Elsewhere("logs go to standard output, for the container runtime or systemd to keep")),
-    flag("--service-discovery", Switch, "", NotYet(DISCOVERY)),
-    flag("--selector", Many, "{}", NotYet(DISCOVERY)),
-    flag("--service-discovery-port", One, "80", NotYet(DISCOVERY)),
-    flag("--service-discovery-namespace", One, "", NotYet(DISCOVERY)),
-    flag("--prefill-selector", Many, "{}", NotYet(DISCOVERY)),
-    flag("--decode-selector", Many, "{}", NotYet(DISCOVERY)),
     flag("--prometheus-duration-buckets", Many, "", NotYet("duration histograms use fixed buckets")),
     flag("--request-id-headers", Many, "", Elsewhere("Envoy keeps a client's x-request-id (and makes one when it is missing), and every client header reaches the worker unchanged")),
     flag("--shutdown-grace-period-secs", One, "180", Elsewhere("requests in flight belong to Envoy, which drains them on its own shutdown (--drain-time-s); while the control plane is away the filter keeps routing from its last worker list")),

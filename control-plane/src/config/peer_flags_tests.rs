@@ -175,10 +175,7 @@ fn refused_flags_are_named_with_the_readme_row() {
             "--tls-cert-path",
         ),
         ("--backend openai", "--backend"),
-        (
-            "--service-discovery --selector app=sglang",
-            "--service-discovery",
-        ),
+        ("--cors-allowed-origins https://a", "--cors-allowed-origins"),
         ("--jwt-issuer=https://idp", "--jwt-issuer"),
         (
             "--history-backend redis --redis-url redis://r",
