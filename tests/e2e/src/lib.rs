@@ -10,6 +10,7 @@
 //! ([`gateway::picker`]). `E2E_ENVOY_LOG` sets Envoy's log level (`warn`).
 
 mod envoy_config;
+pub mod fake_kube;
 pub mod gateway;
 mod process;
 mod stack;

@@ -16,10 +16,22 @@ pub struct Proc {
 impl Proc {
     /// Starts `program` with `args`, logging to `dir/name.log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], dir: &Path) -> anyhow::Result<Proc> {
+        Proc::spawn_env(name, program, args, dir, &[])
+    }
+
+    /// [`Proc::spawn`] with these environment variables too.
+    pub fn spawn_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Proc> {
         let log = dir.join(format!("{name}.log"));
         let out = File::create(&log)?;
         let child = Command::new(program)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(out.try_clone()?)
             .stderr(out)
             .stdin(Stdio::null())

@@ -107,6 +107,8 @@ pub struct StackOptions {
     /// see [`hosts_file_supported`]): tests of workers named by DNS rewrite
     /// it to move a name.
     pub cp_hosts_file: Option<PathBuf>,
+    /// Environment variables of the control plane (`KUBECONFIG`, say).
+    pub cp_env: Vec<(String, String)>,
     /// Envoy's worker threads (`--concurrency`); each runs a filter VM.
     pub envoy_concurrency: usize,
 }
@@ -163,6 +165,7 @@ impl Default for StackOptions {
             worker_tls: None,
             envoy_config: None,
             cp_hosts_file: None,
+            cp_env: Vec::new(),
             envoy_concurrency: 1,
         }
     }
@@ -412,6 +415,7 @@ pub struct Stack {
     cp_args: Vec<String>,
     cp_starts: usize,
     cp_hosts_file: Option<PathBuf>,
+    cp_env: Vec<(String, String)>,
     envoy: Proc,
 }
 
@@ -422,10 +426,11 @@ fn spawn_control_plane(
     args: &[String],
     dir: &Path,
     hosts: Option<&Path>,
+    env: &[(String, String)],
 ) -> anyhow::Result<Proc> {
     let bin = release_bin("sglang-envoy-control-plane");
     let Some(hosts) = hosts else {
-        return Proc::spawn(name, &bin, args, dir);
+        return Proc::spawn_env(name, &bin, args, dir, env);
     };
     // The bind mount is private to the namespace (unshare's default
     // propagation), so the machine's /etc/hosts is untouched.
@@ -443,7 +448,7 @@ fn spawn_control_plane(
     all.push(hosts.display().to_string());
     all.push(bin.display().to_string());
     all.extend_from_slice(args);
-    Proc::spawn(name, Path::new("unshare"), &all, dir)
+    Proc::spawn_env(name, Path::new("unshare"), &all, dir, env)
 }
 
 /// Whether this machine lets the tests give a process its own `/etc/hosts`
@@ -576,7 +581,13 @@ impl Stack {
         args.push("--state-file".into());
         args.push(dir.join("workers.json").display().to_string());
         args.extend(opts.cp_args.iter().cloned());
-        let cp = spawn_control_plane("control-plane", &args, &dir, opts.cp_hosts_file.as_deref())?;
+        let cp = spawn_control_plane(
+            "control-plane",
+            &args,
+            &dir,
+            opts.cp_hosts_file.as_deref(),
+            &opts.cp_env,
+        )?;
         let admin = format!("http://127.0.0.1:{admin_port}");
         let cp_health = format!("{admin}/health");
         if !wait_until(Duration::from_secs(20), || ok(&cp_health)).await {
@@ -638,6 +649,7 @@ impl Stack {
             cp_args: args,
             cp_starts: 1,
             cp_hosts_file: opts.cp_hosts_file.clone(),
+            cp_env: opts.cp_env.clone(),
             envoy,
         };
         // Ready when a request through Envoy reaches a worker (or, with no
@@ -788,6 +800,7 @@ impl Stack {
             &self.cp_args,
             &self.dir,
             self.cp_hosts_file.as_deref(),
+            &self.cp_env,
         )?;
         let health = format!("{}/health", self.admin);
         if !wait_until(Duration::from_secs(20), || ok(&health)).await {
