@@ -382,6 +382,21 @@ pub struct Args {
     #[arg(long)]
     pub service_discovery_namespace: Option<String>,
 
+    /// Serve the InferencePool of this name (an endpoint picker's flag):
+    /// its selector's running, ready pods are the workers, one per pod and
+    /// target port.
+    #[arg(long)]
+    pub pool_name: Option<String>,
+
+    /// The InferencePool's namespace.
+    #[arg(long, default_value = "default")]
+    pub pool_namespace: String,
+
+    /// The InferencePool's API group (`inference.networking.x-k8s.io` for
+    /// v1alpha2 pools).
+    #[arg(long, default_value = crate::k8s::pool::POOL_GROUP)]
+    pub pool_group: String,
+
     /// What became of sglang-router flags accepted in another form
     /// (filled by [`Args::try_parse_args`], see `peer_flags.rs`).
     #[arg(skip)]
@@ -471,6 +486,12 @@ impl Args {
             .is_some_and(|t| t.trim().is_empty())
         {
             return Err("--admin-token must not be empty".into());
+        }
+        if self.pool_name.is_some() && (self.service_discovery || self.pd_disaggregation) {
+            return Err(
+                "--pool-name serves an InferencePool's pods; it does not mix with --service-discovery or --pd-disaggregation"
+                    .into(),
+            );
         }
         if self.cert_path.is_some() && !self.secure_serving {
             return Err("--cert-path is for --secure-serving; give both".into());

@@ -176,3 +176,18 @@ fn secure_serving_takes_the_endpoint_pickers_spellings() {
     let both = Args::parse_from(["cp", "--secure-serving", "--cert-path", "/certs"]);
     assert!(both.validate().is_ok());
 }
+
+#[test]
+fn a_pool_is_served_alone() {
+    let a = Args::parse_from(["cp", "--pool-name", "p"]);
+    assert_eq!(a.pool_namespace, "default");
+    assert_eq!(a.pool_group, "inference.networking.k8s.io");
+    assert!(a.validate().is_ok());
+    for other in ["--service-discovery", "--pd-disaggregation"] {
+        let mixed = Args::parse_from(["cp", "--pool-name", "p", other]);
+        assert!(
+            mixed.validate().unwrap_err().contains("--pool-name"),
+            "{other}"
+        );
+    }
+}

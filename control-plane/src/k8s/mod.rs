@@ -5,8 +5,12 @@
 //! bootstrap port comes from its `sglang.ai/bootstrap-port` annotation.
 //! Pods that stop matching, stop being ready or are deleted are removed.
 //! The client is configured as kubectl's (`KUBECONFIG`, else in-cluster).
+//!
+//! `--pool-name` does the same for an InferencePool's pods (`pool.rs`): the
+//! pool's selector and target ports are the rules.
 
 pub mod pods;
+pub mod pool;
 pub mod watch;
 
 use std::sync::Arc;
@@ -14,6 +18,9 @@ use std::sync::Arc;
 use crate::config::Args;
 use crate::enrollment::Enrollment;
 use pods::{parse_selector, Rules};
+
+/// How long to wait before reading a missing InferencePool again.
+const POOL_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Why discovery could not start.
 #[derive(Debug, thiserror::Error)]
@@ -49,12 +56,36 @@ pub fn rules(args: &Args) -> Result<Rules, DiscoveryError> {
     Ok(Rules {
         selector,
         pd,
-        port: args.service_discovery_port,
+        ports: vec![args.service_discovery_port],
     })
 }
 
-/// Starts watching the pods, when `--service-discovery` is on.
+/// Starts watching the pods, when `--service-discovery` or `--pool-name`
+/// asks for it.
 pub async fn start(args: &Args, enrollment: Arc<Enrollment>) -> Result<(), DiscoveryError> {
+    if let Some(name) = &args.pool_name {
+        let client = kube::Client::try_default().await?;
+        let (group, namespace, name) = (
+            args.pool_group.clone(),
+            args.pool_namespace.clone(),
+            name.clone(),
+        );
+        tokio::spawn(async move {
+            // The pool may be created after its picker: wait for it.
+            let rules = loop {
+                match pool::read(client.clone(), &group, &namespace, &name).await {
+                    Ok(rules) => break rules,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "waiting for the InferencePool");
+                        tokio::time::sleep(POOL_RETRY).await;
+                    }
+                }
+            };
+            tracing::info!(pool = %name, ?rules, "serving the InferencePool's pods");
+            watch::run(client, Some(namespace), rules, enrollment).await;
+        });
+        return Ok(());
+    }
     if !args.service_discovery {
         return Ok(());
     }

@@ -22,8 +22,9 @@ pub struct Rules {
     /// PD mode: the pods that are prefill servers, and decode servers
     /// (`None`: regular mode).
     pub pd: Option<(Selector, Selector)>,
-    /// The port workers serve on (`--service-discovery-port`).
-    pub port: u16,
+    /// The ports each pod serves on, one worker each
+    /// (`--service-discovery-port`; an InferencePool's target ports).
+    pub ports: Vec<u16>,
 }
 
 /// A pod that is a worker: where it serves, and as what.
@@ -35,9 +36,26 @@ pub struct Found {
     pub spec: WorkerSpec,
 }
 
-/// The worker `pod` is under `rules`, if it is one now: its labels match,
-/// it is running and ready, it has an IP and is not being deleted.
-pub fn worker_of(pod: &Pod, rules: &Rules) -> Option<Found> {
+/// The workers `pod` is under `rules` (one per port), if it is any now:
+/// its labels match, it is running and ready, it has an IP and is not
+/// being deleted.
+pub fn workers_of(pod: &Pod, rules: &Rules) -> Vec<Found> {
+    worker_at(pod, rules)
+        .map(|(host, spec)| {
+            rules
+                .ports
+                .iter()
+                .map(|port| Found {
+                    url: format!("http://{host}:{port}"),
+                    spec,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The pod's host part of a URL and its spec, if it is a worker now.
+fn worker_at(pod: &Pod, rules: &Rules) -> Option<(String, WorkerSpec)> {
     let labels = pod.metadata.labels.as_ref();
     let role = match &rules.pd {
         None => matches(labels, &rules.selector).then_some(Role::Regular)?,
@@ -60,10 +78,7 @@ pub fn worker_of(pod: &Pod, rules: &Rules) -> Option<Found> {
     let bootstrap = (role == Role::Prefill)
         .then(|| bootstrap_port(pod))
         .flatten();
-    Some(Found {
-        url: format!("http://{host}:{}", rules.port),
-        spec: WorkerSpec::of(role, bootstrap),
-    })
+    Some((host, WorkerSpec::of(role, bootstrap)))
 }
 
 /// Every pair of `selector` is among `labels` (an empty selector matches
@@ -143,6 +158,10 @@ mod tests {
         }
     }
 
+    fn first(pod: &Pod, rules: &Rules) -> Option<Found> {
+        workers_of(pod, rules).into_iter().next()
+    }
+
     fn regular(selector: &[(&str, &str)]) -> Rules {
         Rules {
             selector: selector
@@ -150,14 +169,14 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             pd: None,
-            port: 8000,
+            ports: vec![8000],
         }
     }
 
     #[test]
     fn a_ready_running_pod_with_every_label_is_a_worker_at_its_ip() {
         let rules = regular(&[("app", "sglang"), ("tier", "gpu")]);
-        let found = worker_of(
+        let found = first(
             &pod(
                 &[("app", "sglang"), ("tier", "gpu"), ("x", "y")],
                 "10.0.0.7",
@@ -173,12 +192,12 @@ mod tests {
             })
         );
         assert_eq!(
-            worker_of(&pod(&[("app", "sglang")], "10.0.0.7", true), &rules),
+            first(&pod(&[("app", "sglang")], "10.0.0.7", true), &rules),
             None,
             "one label missing"
         );
         assert_eq!(
-            worker_of(
+            first(
                 &pod(&[("app", "sglang"), ("tier", "gpu")], "10.0.0.7", false),
                 &rules
             ),
@@ -186,23 +205,23 @@ mod tests {
             "not ready"
         );
         assert_eq!(
-            worker_of(
+            first(
                 &pod(&[("app", "sglang"), ("tier", "gpu")], "", true),
                 &rules
             ),
             None,
             "no IP yet"
         );
-        let v6 = worker_of(
+        let v6 = first(
             &pod(&[("app", "sglang"), ("tier", "gpu")], "fd00::7", true),
             &rules,
         );
         assert_eq!(v6.unwrap().url, "http://[fd00::7]:8000");
         let mut leaving = pod(&[("app", "sglang"), ("tier", "gpu")], "10.0.0.7", true);
         leaving.metadata.deletion_timestamp = Some(Time(Default::default()));
-        assert_eq!(worker_of(&leaving, &rules), None, "being deleted");
+        assert_eq!(first(&leaving, &rules), None, "being deleted");
         assert_eq!(
-            worker_of(&pod(&[], "10.0.0.7", true), &regular(&[])),
+            first(&pod(&[], "10.0.0.7", true), &regular(&[])),
             None,
             "an empty selector means no pod"
         );
@@ -214,29 +233,40 @@ mod tests {
         let rules = Rules {
             selector: Vec::new(),
             pd: Some((sel("role", "prefill"), sel("role", "decode"))),
-            port: 30000,
+            ports: vec![30000],
         };
         let mut prefill = pod(&[("role", "prefill")], "10.0.0.1", true);
         prefill.metadata.annotations =
             Some([(BOOTSTRAP_PORT_ANNOTATION.to_string(), "9001".to_string())].into());
         assert_eq!(
-            worker_of(&prefill, &rules).unwrap().spec,
+            first(&prefill, &rules).unwrap().spec,
             WorkerSpec::of(Role::Prefill, Some(9001))
         );
         let bare = pod(&[("role", "prefill")], "10.0.0.2", true);
         assert_eq!(
-            worker_of(&bare, &rules).unwrap().spec,
+            first(&bare, &rules).unwrap().spec,
             WorkerSpec::of(Role::Prefill, None)
         );
         let decode = pod(&[("role", "decode")], "10.0.0.3", true);
         assert_eq!(
-            worker_of(&decode, &rules).unwrap().spec,
+            first(&decode, &rules).unwrap().spec,
             WorkerSpec::of(Role::Decode, None)
         );
         assert_eq!(
-            worker_of(&pod(&[("role", "other")], "10.0.0.4", true), &rules),
+            first(&pod(&[("role", "other")], "10.0.0.4", true), &rules),
             None
         );
+    }
+
+    #[test]
+    fn several_ports_make_several_workers_of_one_pod() {
+        let mut rules = regular(&[("app", "m")]);
+        rules.ports = vec![8000, 8001];
+        let urls: Vec<String> = workers_of(&pod(&[("app", "m")], "10.0.0.8", true), &rules)
+            .into_iter()
+            .map(|f| f.url)
+            .collect();
+        assert_eq!(urls, ["http://10.0.0.8:8000", "http://10.0.0.8:8001"]);
     }
 
     #[test]

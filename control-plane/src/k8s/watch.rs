@@ -13,7 +13,7 @@ use kube::runtime::WatchStreamExt;
 use kube::Api;
 use tracing::{info, warn};
 
-use super::pods::{worker_of, Found, Rules};
+use super::pods::{workers_of, Found, Rules};
 use crate::enrollment::Enrollment;
 
 /// A change to the worker set.
@@ -30,7 +30,7 @@ pub enum Change {
 pub struct Reconciler {
     rules: Rules,
     /// Pods (`namespace/name`) that are workers, and as what.
-    known: HashMap<String, Found>,
+    known: HashMap<String, Vec<Found>>,
     /// During a (re)list: the pods seen so far.
     relisting: Option<HashSet<String>>,
 }
@@ -57,7 +57,7 @@ impl Reconciler {
                 if let Some(seen) = &mut self.relisting {
                     seen.insert(key.clone());
                 }
-                self.apply(key, worker_of(&pod, &self.rules))
+                self.apply(key, workers_of(&pod, &self.rules))
             }
             // Pods gone while the watch was away are gone from the list.
             Event::InitDone => {
@@ -68,29 +68,35 @@ impl Reconciler {
                     .filter(|k| !seen.contains(*k))
                     .cloned()
                     .collect();
-                gone.into_iter().flat_map(|k| self.apply(k, None)).collect()
+                gone.into_iter()
+                    .flat_map(|k| self.apply(k, Vec::new()))
+                    .collect()
             }
             Event::Apply(pod) => {
-                let found = worker_of(&pod, &self.rules);
+                let found = workers_of(&pod, &self.rules);
                 self.apply(key_of(&pod), found)
             }
-            Event::Delete(pod) => self.apply(key_of(&pod), None),
+            Event::Delete(pod) => self.apply(key_of(&pod), Vec::new()),
         }
     }
 
-    /// Pod `key` is now `found` (or no worker).
-    fn apply(&mut self, key: String, found: Option<Found>) -> Vec<Change> {
-        let before = self.known.get(&key);
-        if before == found.as_ref() {
-            return Vec::new();
-        }
-        let mut changes = Vec::new();
-        if let Some(old) = self.known.remove(&key) {
-            changes.push(Change::Remove(old.url));
-        }
-        if let Some(new) = found {
-            changes.push(Change::Add(new.clone()));
-            self.known.insert(key, new);
+    /// Pod `key` is now the workers `found` (none: no worker).
+    fn apply(&mut self, key: String, found: Vec<Found>) -> Vec<Change> {
+        let before = self.known.remove(&key).unwrap_or_default();
+        let mut changes: Vec<Change> = before
+            .iter()
+            .filter(|old| !found.contains(old))
+            .map(|old| Change::Remove(old.url.clone()))
+            .collect();
+        changes.extend(
+            found
+                .iter()
+                .filter(|new| !before.contains(new))
+                .cloned()
+                .map(Change::Add),
+        );
+        if !found.is_empty() {
+            self.known.insert(key, found);
         }
         changes
     }
@@ -192,7 +198,7 @@ mod tests {
         Reconciler::new(Rules {
             selector: vec![("app".into(), "sglang".into())],
             pd: None,
-            port: 8000,
+            ports: vec![8000],
         })
     }
 
