@@ -1,6 +1,7 @@
 //! A small stand-in for a Kubernetes API server: it serves list and watch of
 //! pods (`/api/v1/pods`, `/api/v1/namespaces/NS/pods`) from pods the test
-//! puts, modifies and deletes, the way kube-rs's watcher reads them. No API
+//! puts, modifies and deletes, the way kube-rs's watcher reads them, and
+//! InferencePools by name. No API
 //! server can run on the test machines; this serves what the control
 //! plane's discovery asks of one, and nothing else.
 
@@ -33,6 +34,8 @@ struct Shared {
 struct Inner {
     /// `namespace/name` → the pod as JSON.
     pods: BTreeMap<String, Value>,
+    /// `namespace/name` → the InferencePool as JSON.
+    pools: BTreeMap<String, Value>,
     resource_version: u64,
 }
 
@@ -47,6 +50,10 @@ impl FakeKube {
         let app = Router::new()
             .route("/api/v1/pods", get(all_pods))
             .route("/api/v1/namespaces/{namespace}/pods", get(namespace_pods))
+            .route(
+                "/apis/{group}/{version}/namespaces/{namespace}/inferencepools/{name}",
+                get(pool),
+            )
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
@@ -81,6 +88,18 @@ impl FakeKube {
         };
         inner.pods.insert(key, pod.clone());
         let _ = self.state.events.send((kind.to_string(), pod));
+    }
+
+    /// Adds an InferencePool (`inference.networking.k8s.io/v1`) with `spec`.
+    pub fn put_pool(&self, namespace: &str, name: &str, spec: Value) {
+        let pool = json!({
+            "apiVersion": "inference.networking.k8s.io/v1",
+            "kind": "InferencePool",
+            "metadata": {"namespace": namespace, "name": name, "resourceVersion": "1"},
+            "spec": spec,
+        });
+        let mut inner = self.state.inner.lock().unwrap();
+        inner.pools.insert(format!("{namespace}/{name}"), pool);
     }
 
     /// Deletes a pod.
@@ -140,6 +159,27 @@ fn key_of(pod: &Value) -> String {
         pod["metadata"]["namespace"].as_str().unwrap_or_default(),
         pod["metadata"]["name"].as_str().unwrap_or_default()
     )
+}
+
+async fn pool(
+    State(state): State<Arc<Shared>>,
+    UrlPath((_group, _version, namespace, name)): UrlPath<(String, String, String, String)>,
+) -> Response {
+    let inner = state.inner.lock().unwrap();
+    let (status, body) = match inner.pools.get(&format!("{namespace}/{name}")) {
+        Some(pool) => (200, pool.clone()),
+        None => (
+            404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                   "reason": "NotFound", "code": 404,
+                   "message": format!("inferencepools \"{name}\" not found")}),
+        ),
+    };
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
 }
 
 async fn all_pods(

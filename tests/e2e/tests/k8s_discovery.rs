@@ -209,3 +209,65 @@ async fn pd_roles_come_from_their_selectors_and_bootstrap_ports_from_annotations
     wait_for(&stack, "prefill", &[]).await;
     wait_for(&stack, "decode", std::slice::from_ref(&d)).await;
 }
+
+/// An endpoint picker's launch: `--pool-name` serves the InferencePool's
+/// pods, one worker per pod and target port; the pool may come after the
+/// picker.
+#[tokio::test]
+async fn an_inference_pools_pods_are_its_workers() {
+    let dir = fresh_dir(&format!("sglang-k8s-pool-{}", std::process::id())).unwrap();
+    let fake = FakeKube::start().await.unwrap();
+    let (p1, p2) = (free_port(), free_port());
+    let mut workers = pods_at(&dir, p1, &[8], &[]).await;
+    workers.extend(pods_at(&dir, p2, &[8], &[]).await);
+    let stack = discovering(
+        &fake,
+        &dir,
+        &["--pool-name", "sglang", "--pool-namespace", "llm"],
+    )
+    .await;
+    fake.put(pod(
+        "llm",
+        "m",
+        &[("app", "sglang")],
+        &[],
+        "127.0.0.8",
+        true,
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        urls(&stack.get_json("/list_workers").await, "urls").is_empty(),
+        "no pool yet"
+    );
+    fake.put_pool(
+        "llm",
+        "sglang",
+        serde_json::json!({
+            "selector": {"matchLabels": {"app": "sglang"}},
+            "targetPorts": [{"number": p1}, {"number": p2}],
+            "endpointPickerRef": {"name": "sglang-picker", "port": {"number": 9002}},
+        }),
+    );
+    wait_for(
+        &stack,
+        "urls",
+        &[
+            format!("http://127.0.0.8:{p1}"),
+            format!("http://127.0.0.8:{p2}"),
+        ],
+    )
+    .await;
+    for i in 0..4 {
+        let r = stack
+            .post("/generate", &format!(r#"{{"text":"pool {i}"}}"#))
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(workers[0].served().await + workers[1].served().await, 4);
+    assert!(
+        workers[0].served().await > 0 && workers[1].served().await > 0,
+        "both ports serve"
+    );
+    fake.delete("llm", "m");
+    wait_for(&stack, "urls", &[]).await;
+}
