@@ -116,6 +116,14 @@ fn post(path: &str) -> In {
     ))
 }
 
+/// `GET /v1/models`: routed at its head.
+fn models() -> In {
+    In::RequestHeaders(headers(
+        &[(":method", "GET"), (":path", "/v1/models")],
+        true,
+    ))
+}
+
 fn body(text: &str) -> In {
     In::RequestBody(HttpBody {
         body: text.as_bytes().to_vec(),
@@ -318,12 +326,7 @@ async fn no_worker_is_a_503_and_info_routes_are_routed_at_the_headers() {
 
     let e = engine(1);
     let mut s = Stream::open(&e, 100);
-    let r = s
-        .ask(In::RequestHeaders(headers(
-            &[(":method", "GET"), (":path", "/v1/models")],
-            true,
-        )))
-        .await;
+    let r = s.ask(models()).await;
     assert_eq!(
         set(&r, ENDPOINT_HEADER).as_deref(),
         Some("127.0.0.1:1,127.0.0.1:1,127.0.0.1:1,127.0.0.1:1,127.0.0.1:1")
@@ -412,12 +415,7 @@ async fn the_destination_is_in_the_header_and_identical_in_the_metadata() {
     s.end(false).await;
 
     let mut s = Stream::open(&e, 100);
-    let r = s
-        .ask(In::RequestHeaders(headers(
-            &[(":method", "GET"), (":path", "/v1/models")],
-            true,
-        )))
-        .await;
+    let r = s.ask(models()).await;
     assert_eq!(metadata_destination(&r), set(&r, ENDPOINT_HEADER));
     assert!(metadata_destination(&r).is_some());
     s.end(false).await;

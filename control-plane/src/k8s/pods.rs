@@ -126,36 +126,50 @@ pub fn parse_selector(pairs: &[String]) -> Result<Selector, String> {
         .collect()
 }
 
+/// A running pod for tests: these labels and IP, ready or not.
+#[cfg(test)]
+pub(crate) fn test_pod(
+    namespace: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    ip: &str,
+    ready: bool,
+) -> Pod {
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            pod_ip: Some(ip.into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn pod(labels: &[(&str, &str)], ip: &str, ready: bool) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                name: Some("p".into()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-            status: Some(PodStatus {
-                phase: Some("Running".into()),
-                pod_ip: Some(ip.into()),
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: if ready { "True" } else { "False" }.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        test_pod("ns", "p", labels, ip, ready)
     }
 
     fn first(pod: &Pod, rules: &Rules) -> Option<Found> {

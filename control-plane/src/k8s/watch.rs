@@ -161,30 +161,11 @@ async fn apply(enrollment: &Arc<Enrollment>, change: Change) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::k8s::pods::test_pod;
     use crate::workers::WorkerSpec;
-    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn pod(name: &str, app: &str, ip: &str, ready: bool) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("ns".into()),
-                labels: Some([("app".to_string(), app.to_string())].into()),
-                ..Default::default()
-            },
-            status: Some(PodStatus {
-                phase: Some("Running".into()),
-                pod_ip: Some(ip.into()),
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: if ready { "True" } else { "False" }.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        test_pod("ns", name, &[("app", app)], ip, ready)
     }
 
     fn add(url: &str) -> Change {
