@@ -13,6 +13,7 @@ mod envoy_config;
 pub mod fake_kube;
 pub mod gateway;
 mod process;
+mod sim_worker;
 mod stack;
 mod tls;
 

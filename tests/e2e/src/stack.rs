@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::envoy_config::{render_template, EnvoyConfig, EnvoyEnv};
 use crate::process::{free_port, Proc};
+pub use crate::sim_worker::SimWorker;
 use crate::tls::WorkerTls;
 use crate::{repo_root, wait_until};
 
@@ -171,224 +172,6 @@ impl Default for StackOptions {
     }
 }
 
-/// One simulated SGLang worker process.
-pub struct SimWorker {
-    /// `http://127.0.0.1:port` (`https://` for a TLS worker)
-    pub url: String,
-    /// PD prefill workers: the port serving the KV cache to decode workers.
-    pub bootstrap_port: Option<u16>,
-    /// Reaches the worker directly (trusting a TLS worker's CA, with the
-    /// client certificate it may require).
-    client: reqwest::Client,
-    port: u16,
-    /// Its flags, TLS ones included, to start it again the same.
-    args: Vec<String>,
-    dir: PathBuf,
-    starts: usize,
-    proc: Proc,
-}
-
-impl SimWorker {
-    /// Starts a simulated worker and waits for its `/health`.
-    pub async fn start(dir: &Path, args: &[String]) -> anyhow::Result<SimWorker> {
-        SimWorker::start_with(dir, args, None).await
-    }
-
-    /// [`SimWorker::start`], serving HTTPS with `tls` when given.
-    pub async fn start_with(
-        dir: &Path,
-        args: &[String],
-        tls: Option<&WorkerTls>,
-    ) -> anyhow::Result<SimWorker> {
-        let w = SimWorker::spawn_with(dir, free_port(), args, tls)?;
-        w.wait_healthy(Duration::from_secs(20)).await?;
-        Ok(w)
-    }
-
-    /// Starts a simulated worker on `port` without waiting for it (a
-    /// worker that comes up after the router).
-    pub fn spawn(dir: &Path, port: u16, args: &[String]) -> anyhow::Result<SimWorker> {
-        SimWorker::spawn_with(dir, port, args, None)
-    }
-
-    /// [`SimWorker::spawn`], serving HTTPS with `tls` when given.
-    pub fn spawn_with(
-        dir: &Path,
-        port: u16,
-        args: &[String],
-        tls: Option<&WorkerTls>,
-    ) -> anyhow::Result<SimWorker> {
-        SimWorker::spawn_at(dir, "127.0.0.1", port, args, tls)
-    }
-
-    /// [`SimWorker::spawn_with`], listening on `host` (another loopback
-    /// address, say, to stand for a worker that moved).
-    pub fn spawn_at(
-        dir: &Path,
-        host: &str,
-        port: u16,
-        args: &[String],
-        tls: Option<&WorkerTls>,
-    ) -> anyhow::Result<SimWorker> {
-        let mut args = args.to_vec();
-        args.extend(["--host".to_string(), host.to_string()]);
-        // SGLang's /health takes about a second (a one-token generate); the
-        // simulator does too by default. The suite's workers answer at once
-        // unless a test asks for the real delay.
-        if !args.iter().any(|a| a == "--health-delay-ms") {
-            args.extend(["--health-delay-ms".to_string(), "0".into()]);
-        }
-        let (scheme, client) = match tls {
-            Some(tls) => {
-                args.extend(tls.worker_args());
-                ("https", tls.client()?)
-            }
-            None => ("http", reqwest::Client::new()),
-        };
-        let mut all = vec!["--port".to_string(), port.to_string()];
-        all.extend_from_slice(&args);
-        let proc = Proc::spawn(
-            &if host == "127.0.0.1" {
-                format!("worker-{port}")
-            } else {
-                format!("worker-{host}-{port}")
-            },
-            &release_bin("sglang-sim-worker"),
-            &all,
-            dir,
-        )?;
-        Ok(SimWorker {
-            url: format!("{scheme}://{host}:{port}"),
-            bootstrap_port: None,
-            client,
-            port,
-            args,
-            dir: dir.to_path_buf(),
-            starts: 1,
-            proc,
-        })
-    }
-
-    /// Waits until the worker's `/health` answers 200.
-    pub async fn wait_healthy(&self, timeout: Duration) -> anyhow::Result<()> {
-        let health = format!("{}/health", self.url);
-        if !wait_until(timeout, || ok_with(&self.client, &health)).await {
-            bail!("simulated worker {} did not become healthy", self.url);
-        }
-        Ok(())
-    }
-
-    /// Whether the worker's `/health` answers 200 now.
-    pub async fn is_up(&self) -> bool {
-        ok_with(&self.client, &format!("{}/health", self.url)).await
-    }
-
-    /// The port it listens on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Starts the worker again (after [`SimWorker::kill`]) on the same
-    /// port with the same flags, without waiting for it. Its counters and
-    /// request log start empty.
-    pub fn restart(&mut self) -> anyhow::Result<()> {
-        self.proc.kill();
-        self.starts += 1;
-        let mut all = vec!["--port".to_string(), self.port.to_string()];
-        all.extend_from_slice(&self.args);
-        self.proc = Proc::spawn(
-            &format!("worker-{}-{}", self.port, self.starts),
-            &release_bin("sglang-sim-worker"),
-            &all,
-            &self.dir,
-        )?;
-        Ok(())
-    }
-
-    /// Starts a PD worker (`mode` prefill or decode) whose bootstrap port
-    /// (its own for prefill, the default it fetches from for decode) is
-    /// `bootstrap_port`.
-    pub async fn start_pd(
-        dir: &Path,
-        mode: &str,
-        bootstrap_port: u16,
-        args: &[String],
-    ) -> anyhow::Result<SimWorker> {
-        SimWorker::start_pd_with(dir, mode, bootstrap_port, args, None).await
-    }
-
-    /// [`SimWorker::start_pd`], serving HTTPS with `tls` when given (the
-    /// bootstrap port stays plain HTTP).
-    pub async fn start_pd_with(
-        dir: &Path,
-        mode: &str,
-        bootstrap_port: u16,
-        args: &[String],
-        tls: Option<&WorkerTls>,
-    ) -> anyhow::Result<SimWorker> {
-        let mut all = vec![
-            "--disaggregation-mode".to_string(),
-            mode.to_string(),
-            "--disaggregation-bootstrap-port".into(),
-            bootstrap_port.to_string(),
-            "--disaggregation-timeout-ms".into(),
-            KV_TIMEOUT_MS.to_string(),
-        ];
-        all.extend_from_slice(args);
-        let mut w = SimWorker::start_with(dir, &all, tls).await?;
-        if mode == "prefill" {
-            w.bootstrap_port = Some(bootstrap_port);
-        }
-        Ok(w)
-    }
-
-    /// `host:port`, as the control plane names the worker to Envoy.
-    pub fn address(&self) -> String {
-        self.url
-            .split_once("://")
-            .map_or(self.url.as_str(), |(_, a)| a)
-            .to_string()
-    }
-
-    /// The simulator's counters (`/_sim/stats`).
-    pub async fn stats(&self) -> Value {
-        get_json_with(&self.client, &format!("{}/_sim/stats", self.url))
-            .await
-            .unwrap_or_default()
-    }
-
-    /// Requests the worker received (see the simulator's `/_sim/requests`).
-    pub async fn requests(&self) -> Vec<Value> {
-        get_json_with(&self.client, &format!("{}/_sim/requests", self.url))
-            .await
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default()
-    }
-
-    /// Inference requests the worker received.
-    pub async fn served(&self) -> u64 {
-        get_json_with(&self.client, &format!("{}/_sim/stats", self.url))
-            .await
-            .and_then(|v| v["requests_total"].as_u64())
-            .unwrap_or(0)
-    }
-
-    /// Changes the simulator's switches (`fail_status`, `stall`, `healthy`...).
-    pub async fn configure(&self, config: Value) {
-        let _ = self
-            .client
-            .post(format!("{}/_sim/config", self.url))
-            .json(&config)
-            .send()
-            .await;
-    }
-
-    /// Kills the worker like a crash.
-    pub fn kill(&mut self) {
-        self.proc.kill();
-    }
-}
-
 /// Envoy + control plane + simulated workers.
 pub struct Stack {
     /// The simulated workers, in registration order.
@@ -472,7 +255,7 @@ async fn ok(url: &str) -> bool {
     ok_with(&reqwest::Client::new(), url).await
 }
 
-async fn ok_with(client: &reqwest::Client, url: &str) -> bool {
+pub(crate) async fn ok_with(client: &reqwest::Client, url: &str) -> bool {
     matches!(client.get(url).send().await, Ok(r) if r.status().is_success())
 }
 
@@ -480,7 +263,7 @@ async fn get_json(url: &str) -> Option<Value> {
     get_json_with(&reqwest::Client::new(), url).await
 }
 
-async fn get_json_with(client: &reqwest::Client, url: &str) -> Option<Value> {
+pub(crate) async fn get_json_with(client: &reqwest::Client, url: &str) -> Option<Value> {
     client.get(url).send().await.ok()?.json().await.ok()
 }
 

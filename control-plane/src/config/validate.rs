@@ -1,0 +1,91 @@
+//! The combinations of flags the control plane refuses to start with.
+
+use super::Args;
+
+impl Args {
+    /// Rejects values no policy can work with.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.cache_threshold) {
+            return Err(format!(
+                "--cache-threshold must be within 0..1, got {}",
+                self.cache_threshold
+            ));
+        }
+        if self.balance_rel_threshold < 1.0 {
+            return Err("--balance-rel-threshold must be at least 1.0".into());
+        }
+        if self.health_check_interval_secs == 0
+            || self.eviction_interval_secs == 0
+            || self.worker_startup_check_interval == 0
+        {
+            return Err("intervals must be at least one second".into());
+        }
+        if self.retry_max_retries == 0 {
+            return Err("--retry-max-retries counts attempts and must be at least 1".into());
+        }
+        if self.retry_initial_backoff_ms == 0
+            || self.retry_max_backoff_ms < self.retry_initial_backoff_ms
+        {
+            return Err(
+                "--retry-initial-backoff-ms must be above 0 and at most --retry-max-backoff-ms"
+                    .into(),
+            );
+        }
+        if self.retry_backoff_multiplier < 1.0 || !(0.0..=1.0).contains(&self.retry_jitter_factor) {
+            return Err(
+                "--retry-backoff-multiplier must be at least 1 and --retry-jitter-factor within 0..1"
+                    .into(),
+            );
+        }
+        if self.max_concurrent_requests > 0 && self.queue_size > 0 && self.queue_timeout_secs == 0 {
+            return Err("--queue-timeout-secs must be at least 1 with a queue".into());
+        }
+        if self.cb_failure_threshold == 0
+            || self.cb_success_threshold == 0
+            || self.cb_timeout_duration_secs == 0
+            || self.cb_window_duration_secs == 0
+        {
+            return Err("--cb-* thresholds and durations must be at least 1".into());
+        }
+        if self.health_failure_threshold == 0 || self.health_success_threshold == 0 {
+            return Err("health thresholds must be at least 1".into());
+        }
+        if !self.health_check_endpoint.starts_with('/') {
+            return Err("--health-check-endpoint must start with /".into());
+        }
+        if self
+            .admin_token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err("--admin-token must not be empty".into());
+        }
+        if self.pool_name.is_some() && (self.service_discovery || self.pd_disaggregation) {
+            return Err(
+                "--pool-name serves an InferencePool's pods; it does not mix with --service-discovery or --pd-disaggregation"
+                    .into(),
+            );
+        }
+        if self.cert_path.is_some() && !self.secure_serving {
+            return Err("--cert-path is for --secure-serving; give both".into());
+        }
+        if self.client_cert_path.is_some() != self.client_key_path.is_some() {
+            // sglang-router's message, word for word.
+            return Err(
+                "Both --client-cert-path and --client-key-path must be specified together".into(),
+            );
+        }
+        if self.pd_disaggregation {
+            if !self.worker_urls.is_empty() {
+                return Err(
+                    "--worker-urls is for regular mode; with --pd-disaggregation use --prefill and --decode"
+                        .into(),
+                );
+            }
+            self.prefill_workers()?;
+        } else if !self.prefill.is_empty() || !self.decode.is_empty() {
+            return Err("--prefill and --decode need --pd-disaggregation".into());
+        }
+        Ok(())
+    }
+}
