@@ -19,6 +19,7 @@ use sglang_envoy_body::openai_error_json;
 use sglang_envoy_lifecycle::Mode;
 use tracing::info;
 
+use crate::auth::{AdminAuth, Denial, Outcome};
 use crate::config::parse_bootstrap_port;
 use crate::engine::{Engine, WorkerChangeError};
 use crate::enrollment::Enrollment;
@@ -38,9 +39,8 @@ pub struct AdminState {
     pub health: Arc<HealthChecker>,
     /// Registers workers (now, or in the background until they answer).
     pub enrollment: Arc<Enrollment>,
-    /// `--admin-token`: required as `Authorization: Bearer ...` to change
-    /// the worker set.
-    pub token: Option<Arc<str>>,
+    /// Who may change the worker set (`--admin-token`, API keys, JWTs).
+    pub auth: Arc<AdminAuth>,
 }
 
 /// The admin API's routes.
@@ -68,17 +68,29 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// 401 without a bearer token, 403 with the wrong one (when a token is
-/// set). Without a token, changes are served only on the admin port itself:
-/// through Envoy's client port anyone could otherwise redirect all traffic.
+/// Changes need an admin's credentials (`auth/`): 401 without a bearer
+/// token or with a JWT that does not validate, 403 with a token that is no
+/// credential or whose holder is not an admin. With no credential
+/// configured, changes are served only on the admin port itself: through
+/// Envoy's client port anyone could otherwise redirect all traffic.
 async fn require_token(
     State(s): State<AdminState>,
     headers: HeaderMap,
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(expected) = s.token.as_deref() else {
+    let audit = s.auth.audit();
+    let method = request.method().to_string();
+    let path = request.uri().path().to_string();
+    if !s.auth.is_configured() {
         if headers.contains_key(CLIENT_PORT_HEADER) {
+            audit.record(
+                Outcome::Denied,
+                "(client port)",
+                &method,
+                &path,
+                "no admin credential is configured",
+            );
             return error(
                 StatusCode::FORBIDDEN,
                 "permission_error",
@@ -86,44 +98,65 @@ async fn require_token(
                  token (--admin-token); without one, use the control plane's admin port",
             );
         }
+        audit.record(
+            Outcome::Allowed,
+            "(admin port)",
+            &method,
+            &path,
+            "no admin credential is configured",
+        );
         return next.run(request).await;
-    };
+    }
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        None => {
-            let mut r = error(
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                "this admin endpoint needs `Authorization: Bearer <admin token>`",
-            );
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-            r
+    let denial = match s.auth.authenticate(given).await {
+        Ok(who) => {
+            audit.record(Outcome::Allowed, &who.id, &method, &path, who.method);
+            return next.run(request).await;
         }
-        Some(t) if constant_time_eq(t.trim().as_bytes(), expected.as_bytes()) => {
-            next.run(request).await
-        }
-        Some(_) => error(
+        Err(d) => d,
+    };
+    let (status, kind, message) = match &denial {
+        Denial::Missing => (
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "this admin endpoint needs `Authorization: Bearer <admin token, API key or JWT>`"
+                .to_string(),
+        ),
+        Denial::BadJwt(why) => (
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            format!("the JWT is not valid: {why}"),
+        ),
+        Denial::Unknown => (
             StatusCode::FORBIDDEN,
             "permission_error",
-            "the admin token is not valid",
+            "the admin token is not valid".to_string(),
         ),
+        Denial::NotAdmin(who) => (
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            format!(
+                "{} has the user role; changing the workers needs admin",
+                who.method
+            ),
+        ),
+    };
+    let who = match &denial {
+        Denial::NotAdmin(p) => p.id.as_str(),
+        _ => "(unauthenticated)",
+    };
+    audit.record(Outcome::Denied, who, &method, &path, &message);
+    let mut r = error(status, kind, &message);
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
     }
-}
-
-/// Compares without an early exit, so response time does not tell how much
-/// of a guessed token was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, x) in a.iter().enumerate() {
-        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(0));
-    }
-    diff == 0
+    r
 }
 
 /// An OpenAI-shaped JSON error response.

@@ -10,7 +10,7 @@
 //! background tasks. `xds` publishes the
 //! workers to Envoy, `admin` changes them (`enrollment` registers those not
 //! reachable yet in the background; `dns` moves those whose DNS name points
-//! elsewhere), `metrics` reports on all of it.
+//! elsewhere; `auth` says who may), `metrics` reports on all of it.
 //! In PD mode the engine also builds the bootstrap fields and sends the
 //! prefill half itself (`pd`), and the filter waits for it (`AwaitPrefill`).
 //! `ext_proc` is a second front door over the same engine, for Envoys that
@@ -18,6 +18,7 @@
 //! the bodies Envoy holds for it within a `body_budget`.
 
 pub mod admin;
+pub mod auth;
 pub mod body_budget;
 pub mod config;
 pub mod dns;

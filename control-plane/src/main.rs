@@ -18,6 +18,7 @@ use sglang_envoy_lifecycle::Mode;
 use sglang_envoy_proto::router_server::RouterServer;
 use tracing::{info, warn};
 
+use sglang_envoy_control_plane::auth::{AdminAuth, AUDIT_TARGET};
 use sglang_envoy_control_plane::body_budget::BodyBudget;
 use sglang_envoy_control_plane::config::Args;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
@@ -44,8 +45,11 @@ async fn main() -> anyhow::Result<()> {
     for note in &args.peer_notes {
         warn!("{note}");
     }
-    if args.admin_token.is_none() {
-        warn!("no --admin-token: anyone who reaches the admin API can add and remove workers");
+    if args.admin_token.is_none()
+        && args.auth.control_plane_api_keys.is_empty()
+        && args.auth.jwt_issuer.is_none()
+    {
+        warn!("no --admin-token, --control-plane-api-keys or --jwt-issuer: anyone who reaches the admin port can add and remove workers");
     }
     let router = Router::build(&args)?;
     // Probes every server as soon as it is registered, then on its schedule.
@@ -64,8 +68,14 @@ async fn main() -> anyhow::Result<()> {
 fn init_logging(args: &Args) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| {
+            // Audit events are written whatever the log level when asked for.
+            let audit = if args.auth.control_plane_audit_enabled {
+                format!(",{AUDIT_TARGET}=info")
+            } else {
+                String::new()
+            };
             tracing_subscriber::EnvFilter::try_new(format!(
-                "warn,sglang_envoy_control_plane={}",
+                "warn,sglang_envoy_control_plane={}{audit}",
                 args.log_level
             ))
         })
@@ -206,7 +216,10 @@ impl Router {
             engine,
             health,
             enrollment,
-            token: args.admin_token.as_deref().map(Arc::from),
+            auth: Arc::new(
+                AdminAuth::from_flags(args.admin_token.as_deref(), &args.auth)
+                    .map_err(anyhow::Error::msg)?,
+            ),
         };
         let prometheus = match args.prometheus_port {
             Some(port) => {

@@ -10,6 +10,8 @@ pub use sglang_envoy_core::policy::{AssignmentMode, PolicyKind};
 
 use crate::workers::WorkerTls;
 
+pub use auth_flags::AuthFlags;
+
 /// `--wire-profile`: which spelling of SGLang's DP and PD fields to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "snake_case")]
@@ -296,6 +298,10 @@ pub struct Args {
     #[arg(long, env = "SGLANG_ENVOY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
+    /// sglang-router's control-plane authentication: API keys, JWTs, audit.
+    #[command(flatten)]
+    pub auth: AuthFlags,
+
     /// Largest request body, in bytes: the `max_body_bytes` the Envoy config
     /// gives the filter (`MAX_BODY_BYTES`). Sizes the gRPC messages the
     /// control plane accepts, which carry whole bodies in PD mode and
@@ -520,6 +526,7 @@ pub fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
     }
 }
 
+mod auth_flags;
 mod validate;
 
 pub mod peer_flags;

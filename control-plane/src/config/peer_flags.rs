@@ -81,7 +81,6 @@ use Values::{Many, One, Switch};
 
 const TOKENIZER: &str = "the router inside Envoy forwards HTTP: it does not tokenize, apply chat templates or parse model output (SGLang workers do)";
 const HISTORY: &str = "the router keeps no conversation history: it forwards the OpenAI/SGLang endpoints to workers and stores nothing";
-const AUTH: &str = "client authentication is not built yet: put Envoy's jwt_authn or ext_authz filter in front of the router filter";
 const TLS: &str = "clients reach Envoy's listener, which is where TLS to clients belongs; the Envoy configs here listen in plaintext (add a DownstreamTlsContext to the listener), and the flag is refused so that a launch line never serves plaintext where TLS was meant";
 
 /// sglang-router 0.3.2's flags this router does not parse itself.
@@ -125,12 +124,6 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--enable-trace", Switch, "", NotYet("OpenTelemetry tracing is not built yet; Envoy's own tracing can be configured on its listener")),
     flag("--otlp-traces-endpoint", One, "localhost:4317", NotYet("OpenTelemetry tracing is not built yet")),
     flag("--api-key", One, "", NotYet("the router does not add an API key to its calls to workers yet; clients' own Authorization headers do reach the workers")),
-    flag("--control-plane-api-keys", Many, "[]", NotYet("the admin API takes one bearer token: --admin-token")),
-    flag("--control-plane-audit-enabled", Switch, "", NotYet("admin changes are logged at info level, without a separate audit log")),
-    flag("--jwt-issuer", One, "", NotYet(AUTH)),
-    flag("--jwt-audience", One, "", NotYet(AUTH)),
-    flag("--jwt-jwks-uri", One, "", NotYet(AUTH)),
-    flag("--jwt-role-mapping", Many, "[]", NotYet(AUTH)),
 ];
 
 /// The table entry of `name`.

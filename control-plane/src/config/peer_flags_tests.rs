@@ -176,7 +176,7 @@ fn refused_flags_are_named_with_the_readme_row() {
         ),
         ("--backend openai", "--backend"),
         ("--cors-allowed-origins https://a", "--cors-allowed-origins"),
-        ("--jwt-issuer=https://idp", "--jwt-issuer"),
+        ("--enable-trace", "--enable-trace"),
         (
             "--history-backend redis --redis-url redis://r",
             "--history-backend",
