@@ -135,7 +135,8 @@ impl Router {
             worker_client: worker_client.clone(),
             wire_profile: args.wire_profile.forced(),
         };
-        let metrics = Arc::new(Metrics::default());
+        let buckets = &args.prometheus_duration_buckets;
+        let metrics = Arc::new(Metrics::new((!buckets.is_empty()).then_some(&buckets[..])));
         let engine = Arc::new(Engine::new(registry.clone(), policies, metrics, options)?);
         let health = Arc::new(HealthChecker::new(registry, args, worker_client));
         let enrollment = Enrollment::new(engine.clone(), startup::startup_timeout(args));

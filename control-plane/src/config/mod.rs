@@ -361,6 +361,12 @@ pub struct Args {
     #[arg(long)]
     pub prometheus_host: Option<IpAddr>,
 
+    /// Upper bounds, in seconds and ascending, of the request duration
+    /// histogram `sgl_router_request_duration_seconds` (default: 1 ms
+    /// doubling twenty times).
+    #[arg(long, num_args = 1.., value_name = "SECONDS")]
+    pub prometheus_duration_buckets: Vec<f64>,
+
     /// Find workers among Kubernetes pods (sglang-router's service
     /// discovery): running, ready pods whose labels match `--selector` (PD:
     /// `--prefill-selector` / `--decode-selector`) at

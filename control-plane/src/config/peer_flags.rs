@@ -90,7 +90,6 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--enable-igw", Switch, "", NotApplicable("one router serves one model's workers; route several models with an Envoy route (and a router) per model")),
     flag("--mini-lb", Switch, "", NotApplicable("sglang-router's Python debugging balancer")),
     flag("--log-dir", One, "", Elsewhere("logs go to standard output, for the container runtime or systemd to keep")),
-    flag("--prometheus-duration-buckets", Many, "", NotYet("duration histograms use fixed buckets")),
     flag("--request-id-headers", Many, "", Elsewhere("Envoy keeps a client's x-request-id (and makes one when it is missing), and every client header reaches the worker unchanged")),
     flag("--shutdown-grace-period-secs", One, "180", Elsewhere("requests in flight belong to Envoy, which drains them on its own shutdown (--drain-time-s); while the control plane is away the filter keeps routing from its last worker list")),
     flag("--cors-allowed-origins", Many, "[]", NotYet("add Envoy's CORS filter to the listener")),

@@ -191,3 +191,21 @@ fn a_pool_is_served_alone() {
         );
     }
 }
+
+#[test]
+fn duration_buckets_must_be_positive_and_ascending() {
+    let ok = Args::parse_from(["cp", "--prometheus-duration-buckets", "0.01", "0.5", "30"]);
+    assert_eq!(ok.prometheus_duration_buckets, [0.01, 0.5, 30.0]);
+    assert!(ok.validate().is_ok());
+    for bad in [
+        ["0.5", "0.5"],
+        ["1", "0.5"],
+        ["0", "1"],
+        ["1", "NaN"],
+        ["1", "inf"],
+    ] {
+        let a = Args::parse_from(["cp", "--prometheus-duration-buckets", bad[0], bad[1]]);
+        let e = a.validate().unwrap_err();
+        assert!(e.contains("--prometheus-duration-buckets"), "{bad:?}: {e}");
+    }
+}

@@ -11,6 +11,12 @@ impl Args {
                 self.cache_threshold
             ));
         }
+        let b = &self.prometheus_duration_buckets;
+        if b.iter().any(|x| !x.is_finite() || *x <= 0.0) || b.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(format!(
+                "--prometheus-duration-buckets must be positive seconds in ascending order, got {b:?}"
+            ));
+        }
         if self.balance_rel_threshold < 1.0 {
             return Err("--balance-rel-threshold must be at least 1.0".into());
         }

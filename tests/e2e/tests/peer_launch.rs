@@ -22,7 +22,8 @@ async fn an_sglang_router_launch_line_starts_and_serves_metrics_on_its_port() {
     let line = format!(
         "--port 30000 --log-dir /var/log/router --backend sglang --history-backend memory \
          --request-id-headers x-request-id x-trace-id --shutdown-grace-period-secs 30 \
-         --prometheus-host 127.0.0.1 --prometheus-port {prometheus} --eviction-interval-secs 120"
+         --prometheus-host 127.0.0.1 --prometheus-port {prometheus} --eviction-interval-secs 120 \
+         --prometheus-duration-buckets 0.05 0.5 5"
     );
     let stack = Stack::start(StackOptions {
         workers: 2,
@@ -55,6 +56,13 @@ async fn an_sglang_router_launch_line_starts_and_serves_metrics_on_its_port() {
         stack.metric("sgl_router_requests_total").await,
         "the same registry as the admin port's"
     );
+    // The request duration histogram has the launch line's buckets.
+    let bounds: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("sgl_router_request_duration_seconds_bucket"))
+        .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(bounds, ["0.05", "0.5", "5.0", "+Inf"], "{text}");
     // The accepted flags are logged with what this router does instead.
     let log = stack.control_plane_log();
     for flag in [
@@ -75,7 +83,7 @@ fn a_flag_this_router_cannot_honour_stops_it_with_the_flag_named() {
     for (flag, value) in [
         ("--api-key", "secret"),
         ("--tls-cert-path", "/etc/router/cert.pem"),
-        ("--jwt-issuer", "https://idp.example"),
+        ("--otlp-traces-endpoint", "collector:4317"),
         ("--history-backend", "postgres"),
     ] {
         let out = Command::new(release_bin("sglang-envoy-control-plane"))
