@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryServiceServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
-use sglang_envoy_lifecycle::Mode;
+use sglang_envoy_lifecycle::{ClientKey, Mode};
 use sglang_envoy_proto::router_server::RouterServer;
 use tracing::{info, warn};
 
@@ -117,7 +117,8 @@ impl Router {
         // One client for every call to a worker (health checks, discovery,
         // PD prefill halves), with the TLS flags: bad certificate files stop
         // the startup here.
-        let worker_client = worker_client(&args.worker_tls()).context("TLS to workers")?;
+        let worker_client = worker_client(&args.worker_tls(), args.api_key.as_deref())
+            .context("the client for workers")?;
         let options = EngineOptions {
             retry: args.retry_options(),
             admission: args.admission(),
@@ -134,6 +135,7 @@ impl Router {
             },
             worker_client: worker_client.clone(),
             wire_profile: args.wire_profile.forced(),
+            client_key: args.api_key.as_deref().map(ClientKey::from_key),
         };
         let buckets = &args.prometheus_duration_buckets;
         let metrics = Arc::new(Metrics::new((!buckets.is_empty()).then_some(&buckets[..])));

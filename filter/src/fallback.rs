@@ -3,6 +3,7 @@ use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use sglang_envoy_body::WireProfile;
+use sglang_envoy_lifecycle::ClientKey;
 use sglang_envoy_proto::{PrefillEndpoint, WorkersSnapshot};
 
 /// What the filter knows to keep routing while the control plane is
@@ -54,6 +55,16 @@ pub fn profile_of(snapshot: &WorkersSnapshot, endpoint: &str) -> WireProfile {
 }
 
 impl Fallback {
+    /// `--api-key`'s digest as the control plane last said, however old
+    /// the list: a key once required stays required while it is away.
+    pub fn client_key(&self) -> Option<ClientKey> {
+        self.0
+            .snapshot
+            .borrow()
+            .as_ref()
+            .and_then(|(_, s)| ClientKey::from_digest(&s.client_key_sha256))
+    }
+
     /// Stores a fresh list of workers, received at `now`.
     pub fn update(&self, now: SystemTime, snapshot: WorkersSnapshot) {
         *self.0.snapshot.borrow_mut() = Some((now, snapshot));
@@ -113,7 +124,21 @@ mod tests {
             serving: serving.iter().map(|s| s.to_string()).collect(),
             prefill: Vec::new(),
             wire_profiles: Default::default(),
+            client_key_sha256: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_client_key_comes_from_the_last_snapshot_however_old() {
+        let f = Fallback::default();
+        assert_eq!(f.client_key(), None, "nothing known yet");
+        let mut s = snapshot(&["a:1"], false);
+        let key = ClientKey::from_key("k");
+        s.client_key_sha256 = key.digest().to_vec();
+        f.update(SystemTime::UNIX_EPOCH, s);
+        assert_eq!(f.client_key(), Some(key));
+        f.update(SystemTime::UNIX_EPOCH, snapshot(&["a:1"], false));
+        assert_eq!(f.client_key(), None, "no longer required");
     }
 
     #[test]

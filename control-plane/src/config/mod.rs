@@ -298,6 +298,12 @@ pub struct Args {
     #[arg(long, env = "SGLANG_ENVOY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
+    /// sglang-router's `--api-key`: inference requests must carry
+    /// `Authorization: Bearer <key>` (401 otherwise), and the control
+    /// plane's own calls to workers carry it.
+    #[arg(long, env = "SGLANG_ENVOY_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
     /// sglang-router's control-plane authentication: API keys, JWTs, audit.
     #[command(flatten)]
     pub auth: AuthFlags,

@@ -122,7 +122,6 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--tls-key-path", One, "", NotYet(TLS)),
     flag("--enable-trace", Switch, "", NotYet("OpenTelemetry tracing is not built yet; Envoy's own tracing can be configured on its listener")),
     flag("--otlp-traces-endpoint", One, "localhost:4317", NotYet("OpenTelemetry tracing is not built yet")),
-    flag("--api-key", One, "", NotYet("the router does not add an API key to its calls to workers yet; clients' own Authorization headers do reach the workers")),
 ];
 
 /// The table entry of `name`.

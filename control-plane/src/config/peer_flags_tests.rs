@@ -169,7 +169,10 @@ fn accepted_flags_leave_the_line_with_a_note_and_the_rest_is_parsed() {
 #[test]
 fn refused_flags_are_named_with_the_readme_row() {
     for (line, flag) in [
-        ("--api-key secret", "--api-key"),
+        (
+            "--bucket-adjust-interval-secs 9",
+            "--bucket-adjust-interval-secs",
+        ),
         (
             "--tls-cert-path /c.pem --tls-key-path /k.pem",
             "--tls-cert-path",

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sglang_envoy_body::{is_info_path, RequestBody, Route};
-use sglang_envoy_lifecycle::{Answer, FollowPrefill, LocalReply, Mode, Question, Routed, Unrouted};
+use sglang_envoy_lifecycle::{
+    Answer, ClientKey, FollowPrefill, LocalReply, Mode, Question, Routed, Unrouted,
+};
 use tracing::debug;
 
 use super::Engine;
@@ -47,6 +49,15 @@ impl Engine {
     /// request over the limit is queued (or refused) first, and a slot that
     /// does not end in a decision is freed at once.
     pub fn route(&self, q: &Question) -> Answer {
+        // `--api-key`, for inference requests: the front door checks it at
+        // the request's head when it knows the key; this check stands when
+        // it does not (a filter that has not heard from us yet).
+        if let Some(key) = self.options.client_key {
+            if Route::from_path(&q.path).is_some() && !key.admits(&q.authorization) {
+                self.metrics.error("unauthorized");
+                return Err(Unrouted::Rejected(ClientKey::refusal()));
+            }
+        }
         let Some(gate) = self
             .gate
             .as_ref()

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sglang_envoy_body::WireProfile;
-use sglang_envoy_lifecycle::Mode;
+use sglang_envoy_lifecycle::{ClientKey, Mode};
 use sglang_envoy_proto::{
     AdmissionOutcome, Completion, PrefillEndpoint, PrefillOutcome, WorkersSnapshot,
 };
@@ -80,6 +80,8 @@ pub struct EngineOptions {
     /// each worker's own, from the version it reports (see
     /// [`pd::wire_profile`]).
     pub wire_profile: Option<WireProfile>,
+    /// `--api-key`: the key inference requests must carry.
+    pub client_key: Option<ClientKey>,
 }
 
 impl Default for EngineOptions {
@@ -93,6 +95,7 @@ impl Default for EngineOptions {
             admission: None,
             worker_client: reqwest::Client::new(),
             wire_profile: None,
+            client_key: None,
         }
     }
 }
@@ -211,6 +214,11 @@ impl Engine {
                 .flat_map(endpoints)
                 .map(|w| (w.endpoint_text.clone(), pd::wire_code(w.facts.wire)))
                 .collect(),
+            client_key_sha256: self
+                .options
+                .client_key
+                .map(|k| k.digest().to_vec())
+                .unwrap_or_default(),
         }
     }
 

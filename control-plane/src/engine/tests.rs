@@ -474,3 +474,39 @@ fn a_subset_hint_narrows_the_choice_and_an_unmet_one_is_a_503() {
         assert_eq!(r.status, 503);
     }
 }
+
+#[test]
+fn api_key_is_required_of_inference_questions_only_and_counts_nothing() {
+    let options = EngineOptions {
+        client_key: Some(sglang_envoy_lifecycle::ClientKey::from_key("sk-1")),
+        ..EngineOptions::default()
+    };
+    let e = engine_with(options, &[(1, WorkerSpec::REGULAR, None)]);
+    let generate = |authorization: &str| RouteRequest {
+        path: "/generate".into(),
+        method: "POST".into(),
+        routing_text: b"hello".to_vec(),
+        ticket: 9,
+        authorization: authorization.into(),
+        ..Default::default()
+    };
+    for bad in ["", "Bearer sk-2", "sk-1"] {
+        match route(&e, generate(bad)).outcome {
+            Some(route_response::Outcome::Rejection(r)) => assert_eq!(r.http_status, 401),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        e.registry().all()[0].load(),
+        0,
+        "refused requests count no load"
+    );
+    assert_eq!(decision(route(&e, generate("Bearer sk-1"))).ticket, 9);
+    let info = RouteRequest {
+        path: "/v1/models".into(),
+        method: "GET".into(),
+        ..Default::default()
+    };
+    decision(route(&e, info));
+    assert_eq!(e.snapshot().client_key_sha256.len(), 32);
+}

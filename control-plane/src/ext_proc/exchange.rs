@@ -154,6 +154,7 @@ impl Exchange {
             content_length: self.declared_body,
             request_id: header("x-request-id"),
             routing_key: header(ROUTING_KEY_HEADER),
+            authorization: header("authorization"),
         };
         match self.lc.on_request_head(head) {
             HeadStep::Reply(r) => self.reply(r),

@@ -172,6 +172,7 @@ impl Exchange {
             max_body_bytes,
             // Envoy sends no body while the answer's head awaits our reply.
             body_while_head_held: false,
+            client_key: engine.options().client_key,
         };
         Exchange {
             engine,

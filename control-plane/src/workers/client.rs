@@ -45,6 +45,9 @@ pub enum WorkerClientError {
     /// Only one of the certificate and the key was given.
     #[error("Both --client-cert-path and --client-key-path must be specified together")]
     HalfIdentity,
+    /// `--api-key` cannot be sent in a header.
+    #[error("--api-key must be printable ASCII")]
+    ApiKey,
     /// The TLS configuration was refused.
     #[error("cannot build the HTTP client for workers: {0}")]
     Build(String),
@@ -68,11 +71,25 @@ pub struct WorkerTls {
 /// (verified, with the client certificate when one is configured) to
 /// `https://` ones. Reads the files now, so a bad path fails the startup
 /// rather than every health check. Callers set each request's timeout.
-pub fn worker_client(tls: &WorkerTls) -> Result<reqwest::Client, WorkerClientError> {
+/// With `api_key` (`--api-key`), every call carries
+/// `Authorization: Bearer <key>` unless the request sets its own (a PD
+/// prefill half carries the client's).
+pub fn worker_client(
+    tls: &WorkerTls,
+    api_key: Option<&str>,
+) -> Result<reqwest::Client, WorkerClientError> {
     let mut builder = reqwest::Client::builder()
         .use_rustls_tls()
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_keepalive(TCP_KEEPALIVE);
+    if let Some(key) = api_key {
+        let mut value = reqwest::header::HeaderValue::try_from(format!("Bearer {key}"))
+            .map_err(|_| WorkerClientError::ApiKey)?;
+        value.set_sensitive(true);
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        builder = builder.default_headers(headers);
+    }
     for path in &tls.ca_certs {
         let pem = read(path, "--ca-cert-paths")?;
         let certs = reqwest::Certificate::from_pem_bundle(&pem)
@@ -140,16 +157,24 @@ mod tests {
 
     #[test]
     fn without_tls_flags_the_client_builds() {
-        assert!(worker_client(&WorkerTls::default()).is_ok());
+        assert!(worker_client(&WorkerTls::default(), None).is_ok());
+        assert!(worker_client(&WorkerTls::default(), Some("sk-1")).is_ok());
+        assert!(matches!(
+            worker_client(&WorkerTls::default(), Some("bad\nkey")),
+            Err(WorkerClientError::ApiKey)
+        ));
     }
 
     #[test]
     fn half_an_identity_is_refused() {
         let cert = temp("half-cert.pem", "x");
-        let err = worker_client(&WorkerTls {
-            client_cert: Some(cert),
-            ..Default::default()
-        })
+        let err = worker_client(
+            &WorkerTls {
+                client_cert: Some(cert),
+                ..Default::default()
+            },
+            None,
+        )
         .unwrap_err();
         assert!(matches!(err, WorkerClientError::HalfIdentity), "{err}");
     }
@@ -157,10 +182,13 @@ mod tests {
     #[test]
     fn unreadable_and_empty_files_are_named() {
         let missing = PathBuf::from("/nonexistent/ca.pem");
-        let err = worker_client(&WorkerTls {
-            ca_certs: vec![missing],
-            ..Default::default()
-        })
+        let err = worker_client(
+            &WorkerTls {
+                ca_certs: vec![missing],
+                ..Default::default()
+            },
+            None,
+        )
         .unwrap_err();
         assert!(
             err.to_string()
@@ -168,18 +196,24 @@ mod tests {
             "{err}"
         );
         let junk = temp("junk-ca.pem", "not a certificate\n");
-        let err = worker_client(&WorkerTls {
-            ca_certs: vec![junk.clone()],
-            ..Default::default()
-        })
+        let err = worker_client(
+            &WorkerTls {
+                ca_certs: vec![junk.clone()],
+                ..Default::default()
+            },
+            None,
+        )
         .unwrap_err();
         assert!(matches!(err, WorkerClientError::NoCertificate(p) if p == junk));
         let (cert, key) = (temp("junk-cert.pem", "x"), temp("junk-key.pem", "y"));
-        let err = worker_client(&WorkerTls {
-            client_cert: Some(cert),
-            client_key: Some(key),
-            ..Default::default()
-        })
+        let err = worker_client(
+            &WorkerTls {
+                client_cert: Some(cert),
+                client_key: Some(key),
+                ..Default::default()
+            },
+            None,
+        )
         .unwrap_err();
         assert!(matches!(err, WorkerClientError::Identity(_)), "{err}");
     }

@@ -16,6 +16,7 @@
 //! to a prefill worker ([`headers`]).
 
 mod answer;
+pub mod client_key;
 mod completion;
 pub mod headers;
 pub mod lifecycle;
@@ -27,6 +28,7 @@ mod tickets;
 pub mod wire;
 
 pub use answer::{BodyStep, PrefillStep, Release, ResponseHead, ResponseStep, Watch};
+pub use client_key::ClientKey;
 pub use completion::EndFacts;
 pub use lifecycle::{Forward, HeadStep, Lifecycle, Mode, RequestHead, Settings, Source, Step};
 pub use question::{Answer, FollowPrefill, Question, Routed, Unrouted};

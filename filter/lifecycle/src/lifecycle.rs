@@ -24,6 +24,10 @@ pub struct Settings {
     /// Envoy sends nothing until the head is answered). Decides whether a
     /// merge may wait, head held, for the body's first event.
     pub body_while_head_held: bool,
+    /// `--api-key`: inference requests without it are refused (401)
+    /// before their body is read. `None`: not required, or not known yet
+    /// (the control plane's own check then stands).
+    pub client_key: Option<crate::ClientKey>,
 }
 
 /// Regular routing, or prefill/decode disaggregation for this request.
@@ -80,6 +84,8 @@ pub struct RequestHead<'a> {
     /// sglang-router's sticky-session key (`X-SMG-Routing-Key`), empty
     /// when absent.
     pub routing_key: &'a str,
+    /// `authorization`, empty when absent.
+    pub authorization: &'a str,
 }
 
 /// Where the lifecycle reads the request from when it needs it again. The
@@ -169,6 +175,9 @@ pub struct Lifecycle {
     method: String,
     request_id: String,
     routing_key: String,
+    /// The client's `authorization`, kept for an inference question (the
+    /// control plane checks `--api-key` too).
+    authorization: String,
     body_bytes: usize,
     /// Status sent to the client, 0 until known.
     pub(crate) status: u32,
@@ -192,6 +201,7 @@ impl Lifecycle {
             method: String::new(),
             request_id: String::new(),
             routing_key: String::new(),
+            authorization: String::new(),
             body_bytes: 0,
             status: 0,
             response_done: false,
@@ -265,6 +275,12 @@ impl Lifecycle {
         match check.check() {
             Err(refusal) => HeadStep::Reply(self.refuse(refusal.into())),
             Ok(Endpoint::Inference(route)) => {
+                if let Some(key) = self.settings.client_key {
+                    if !key.admits(head.authorization) {
+                        return HeadStep::Reply(self.refuse(crate::ClientKey::refusal()));
+                    }
+                }
+                self.authorization = head.authorization.to_string();
                 self.route = Some(route);
                 self.state = State::ReadingBody;
                 HeadStep::ReadBody
@@ -411,6 +427,7 @@ impl Lifecycle {
             method: self.method.clone(),
             request_id: self.request_id.clone(),
             routing_key: self.routing_key.clone(),
+            authorization: self.authorization.clone(),
             body_bytes: self.body_bytes as u64,
             ticket: self.ticket,
             ..Default::default()

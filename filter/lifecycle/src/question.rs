@@ -17,6 +17,9 @@ pub struct Question {
     pub request_id: String,
     /// The client's sticky-session key (`X-SMG-Routing-Key`), empty when absent.
     pub routing_key: String,
+    /// The client's `authorization` (inference requests only; empty when
+    /// absent), for the `--api-key` check.
+    pub authorization: String,
     /// The text the cache-aware policies match on.
     pub routing_text: Vec<u8>,
     /// The client asked for a streamed answer.

@@ -36,6 +36,7 @@ fn settings(body_while_head_held: bool) -> Settings {
     Settings {
         max_body_bytes: 100,
         body_while_head_held,
+        client_key: None,
     }
 }
 
@@ -47,6 +48,7 @@ fn head<'a>(method: &'a str, path: &'a str, end_of_stream: bool) -> RequestHead<
         content_length: None,
         request_id: "r1",
         routing_key: "k",
+        authorization: "",
     }
 }
 

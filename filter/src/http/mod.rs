@@ -81,6 +81,9 @@ impl Request {
             // Envoy calls the filter with the answer's body while the
             // filter holds its head.
             body_while_head_held: true,
+            // Known from the control plane's worker lists; until the first
+            // arrives, the control plane's own check stands.
+            client_key: shared.fallback.client_key(),
         };
         Request {
             shared: shared.clone(),
@@ -172,6 +175,7 @@ impl HttpContext for Request {
             content_length,
             request_id: &request_id,
             routing_key: &routing_key,
+            authorization: &header("authorization"),
         });
         match step {
             HeadStep::Reply(r) => {

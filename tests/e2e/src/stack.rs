@@ -442,7 +442,19 @@ impl Stack {
         } else {
             stack.url("/v1/models")
         };
-        if !wait_until(Duration::from_secs(30), || ok(&probe)).await {
+        // Workers that require SGLang's `--api-key` answer it only with the key.
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(i) = opts.worker_args.iter().position(|a| a == "--api-key") {
+            let key = opts.worker_args.get(i + 1).cloned().unwrap_or_default();
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {key}").parse()?,
+            );
+        }
+        let prober = reqwest::Client::builder()
+            .default_headers(headers)
+            .build()?;
+        if !wait_until(Duration::from_secs(30), || ok_with(&prober, &probe)).await {
             bail!("Envoy did not become ready:\n{}", stack.envoy.log());
         }
         Ok(stack)

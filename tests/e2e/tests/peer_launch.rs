@@ -81,7 +81,7 @@ async fn an_sglang_router_launch_line_starts_and_serves_metrics_on_its_port() {
 #[test]
 fn a_flag_this_router_cannot_honour_stops_it_with_the_flag_named() {
     for (flag, value) in [
-        ("--api-key", "secret"),
+        ("--bucket-adjust-interval-secs", "9"),
         ("--tls-cert-path", "/etc/router/cert.pem"),
         ("--otlp-traces-endpoint", "collector:4317"),
         ("--history-backend", "postgres"),

@@ -10,7 +10,9 @@
 //!   Starlette's routing errors are not);
 //! * other failures: `{"object":"error","message":..,"type":..,"param":null,"code":..}`.
 
-use axum::http::{StatusCode, Uri};
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -111,4 +113,35 @@ pub async fn not_found(uri: Uri) -> ApiError {
 pub async fn method_not_allowed(uri: Uri) -> ApiError {
     tracing::debug!(path = uri.path(), "method not allowed");
     ApiError::MethodNotAllowed
+}
+
+/// SGLang's `--api-key` check (`add_api_key_middleware`): `OPTIONS`,
+/// `/health*` and `/metrics` pass (and the simulator's `/_sim/` switches);
+/// anything else without `Authorization: Bearer <key>` exactly is a 401
+/// `{"error":"Unauthorized"}`.
+pub async fn api_key(
+    State(state): State<crate::AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(key) = state.config.api_key.as_deref() else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    let open = request.method() == Method::OPTIONS
+        || ["/health", "/metrics", "/_sim/"]
+            .iter()
+            .any(|p| path.starts_with(p));
+    let given = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if open || given == Some(format!("Bearer {key}").as_str()) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        Json(json!({"error": "Unauthorized"})),
+    )
+        .into_response()
 }

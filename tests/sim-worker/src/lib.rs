@@ -75,6 +75,12 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             record::record,
         ))
+        // Outside the recorder: refused requests are not recorded, as
+        // they never reach SGLang's handlers.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            error::api_key,
+        ))
         // Routers may forward big prompts; the recorder reads bodies whole.
         .layer(DefaultBodyLimit::disable())
         .with_state(state)

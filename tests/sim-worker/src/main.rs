@@ -93,6 +93,10 @@ struct Cli {
     /// Require client certificates signed by this CA (PEM): mTLS.
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     tls_client_ca: Option<std::path::PathBuf>,
+    /// Require `Authorization: Bearer <key>` as SGLang's `--api-key` does
+    /// (401 `{"error":"Unauthorized"}`; `/health*` and `/metrics` stay open).
+    #[arg(long)]
+    api_key: Option<String>,
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `debug`.
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -143,6 +147,7 @@ async fn main() -> anyhow::Result<()> {
         health_delay_ms: cli.health_delay_ms,
         health_timeout_ms: cli.health_timeout_ms,
         startup_ms: cli.startup_ms,
+        api_key: cli.api_key,
     };
     let bootstrap = bind_bootstrap(&config).await.with_context(|| {
         format!(

@@ -66,6 +66,10 @@ pub struct SimConfig {
     /// `--startup-ms`: how long after the start `/health` answers 503, as
     /// SGLang's does while the server is starting.
     pub startup_ms: u64,
+    /// `--api-key`: every request but `/health*`, `/metrics`, `OPTIONS`
+    /// and the `/_sim/` switches needs `Authorization: Bearer <key>`, as
+    /// SGLang's server with `--api-key`.
+    pub api_key: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -90,6 +94,7 @@ impl Default for SimConfig {
             health_delay_ms: 1000,
             health_timeout_ms: 20_000,
             startup_ms: 0,
+            api_key: None,
         }
     }
 }

@@ -182,3 +182,30 @@ async fn bad_config_changes_are_refused() {
     assert_eq!(r.status(), 400);
     assert_eq!(sim.get("/_sim/config").await.1["stall"], false);
 }
+
+#[tokio::test]
+async fn api_key_guards_all_but_health_as_sglang_does() {
+    let sim = start(SimConfig {
+        api_key: Some("sk-w".into()),
+        health_delay_ms: 0,
+        ..fast()
+    })
+    .await;
+    let body = json!({"text": "hi", "sampling_params": {"max_new_tokens": 1}});
+    let (status, v) = sim.post("/generate", body.clone()).await;
+    assert_eq!(
+        (status.as_u16(), v),
+        (401, json!({"error": "Unauthorized"}))
+    );
+    assert_eq!(sim.get("/get_server_info").await.0, 401);
+    assert_eq!(sim.get("/health").await.0, 200);
+    let r = sim
+        .client
+        .post(sim.url("/generate"))
+        .bearer_auth("sk-w")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
