@@ -34,6 +34,12 @@
 #                        the block between `# BEGIN worker-client-cert` and
 #                        `# END worker-client-cert`.
 # Relative paths are made absolute, and every file must be readable here.
+#
+# CORS (the control plane's --cors-allowed-origins; scripts/lib.sh passes
+# them on): CORS_ALLOWED_ORIGINS, space-separated origins such as
+# `https://app.example.com http://localhost:3000` (`*`: any origin),
+# answered by Envoy's CORS filter. Empty (the default) drops the block
+# between `# BEGIN cors` and `# END cors`: no cross-origin access.
 set -eu
 
 if [ $# -lt 1 ]; then
@@ -51,6 +57,32 @@ WORKER_CA_CERTS=${WORKER_CA_CERTS:-}
 WORKER_CLIENT_CERT=${WORKER_CLIENT_CERT:-}
 WORKER_CLIENT_KEY=${WORKER_CLIENT_KEY:-}
 SYSTEM_CA_BUNDLE=${SYSTEM_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+CORS_ALLOWED_ORIGINS=${CORS_ALLOWED_ORIGINS:-}
+
+# The origins become the CorsPolicy's string matchers (what
+# {{CORS_ALLOWED_ORIGINS}} stands for in the template). An origin is
+# scheme://host[:port] (or `*`): anything else is refused here rather than
+# written into YAML.
+cors_matchers=""
+set -f # `*` is an origin here, not a file pattern
+for origin in $CORS_ALLOWED_ORIGINS; do
+  case $origin in
+    '*') matcher='{prefix: ""}' ;;
+    http://*|https://*)
+      case $origin in
+        *[!A-Za-z0-9.:/_-]*)
+          echo "render.sh: CORS_ALLOWED_ORIGINS: not an origin: $origin" >&2
+          exit 2 ;;
+      esac
+      matcher="{exact: \"$origin\"}" ;;
+    *)
+      echo "render.sh: CORS_ALLOWED_ORIGINS: not an origin (scheme://host[:port] or *): $origin" >&2
+      exit 2 ;;
+  esac
+  cors_matchers="${cors_matchers:+$cors_matchers, }$matcher"
+done
+set +f
+CORS_ALLOWED_ORIGINS=$cors_matchers
 
 # absolute NAME PATH: PATH, readable, as an absolute path (Envoy may run
 # elsewhere than the caller's directory).
@@ -102,10 +134,11 @@ fi
 script=""
 for name in LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST \
     CONTROL_PLANE_GRPC_PORT CONTROL_PLANE_ADMIN_PORT MAX_BODY_BYTES MAX_CONNECTIONS \
-    FILTER_WASM FILTER_OPTIONS WORKER_CA_CERTS WORKER_CLIENT_CERT WORKER_CLIENT_KEY; do
+    FILTER_WASM FILTER_OPTIONS WORKER_CA_CERTS WORKER_CLIENT_CERT WORKER_CLIENT_KEY \
+    CORS_ALLOWED_ORIGINS; do
   eval "value=\${$name:-}"
   case $name in
-    FILTER_OPTIONS | WORKER_CA_CERTS | WORKER_CLIENT_CERT | WORKER_CLIENT_KEY) ;;
+    FILTER_OPTIONS | WORKER_CA_CERTS | WORKER_CLIENT_CERT | WORKER_CLIENT_KEY | CORS_ALLOWED_ORIGINS) ;;
     *)
       if [ -z "$value" ]; then
         echo "render.sh: $name is not set" >&2
@@ -126,6 +159,10 @@ case "${ADMIN_ROUTES:-on}" in
 esac
 if [ "$worker_tls" = off ]; then
   script="${script}/# BEGIN worker-tls/,/# END worker-tls/d
+"
+fi
+if [ -z "$CORS_ALLOWED_ORIGINS" ]; then
+  script="${script}/# BEGIN cors/,/# END cors/d
 "
 fi
 if [ "$client_cert" = off ]; then

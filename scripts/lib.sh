@@ -124,6 +124,24 @@ worker_tls_from_flags() {
   export WORKER_CA_CERTS WORKER_CLIENT_CERT WORKER_CLIENT_KEY
 }
 
+# cors_from_flags CONTROL_PLANE_FLAGS...: exports CORS_ALLOWED_ORIGINS
+# (envoy/render.sh) from --cors-allowed-origins A [B...], which Envoy's CORS
+# filter answers for the control plane.
+cors_from_flags() {
+  CORS_ALLOWED_ORIGINS=""
+  local in_origins=0
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --cors-allowed-origins) in_origins=1 ;;
+      --cors-allowed-origins=*) CORS_ALLOWED_ORIGINS="${CORS_ALLOWED_ORIGINS:+$CORS_ALLOWED_ORIGINS }${1#*=}"; in_origins=1 ;;
+      -*) in_origins=0 ;;
+      *) [ "$in_origins" = 1 ] && CORS_ALLOWED_ORIGINS="${CORS_ALLOWED_ORIGINS:+$CORS_ALLOWED_ORIGINS }$1" ;;
+    esac
+    shift
+  done
+  export CORS_ALLOWED_ORIGINS
+}
+
 # wait_http URL SECONDS: until URL answers 2xx.
 wait_http() {
   local deadline=$((SECONDS + $2))

@@ -84,6 +84,7 @@ pub(crate) fn render_template(
         )
         // Envoy trusts and presents what the control plane does.
         .envs(envoy_tls_env(&opts.cp_args))
+        .env("CORS_ALLOWED_ORIGINS", cors_origins(&opts.cp_args))
         .output()
         .context("running envoy/render.sh")?;
     if !rendered.status.success() {
@@ -97,4 +98,20 @@ pub(crate) fn render_template(
         std::fs::write(config_path, crate::gateway::picker::config(&text)?)?;
     }
     Ok(())
+}
+
+/// `CORS_ALLOWED_ORIGINS` from the control plane's `--cors-allowed-origins`,
+/// as scripts/lib.sh's `cors_from_flags` derives it.
+pub fn cors_origins(cp_args: &[String]) -> String {
+    let mut origins = Vec::new();
+    let mut in_origins = false;
+    for arg in cp_args {
+        match arg.as_str() {
+            "--cors-allowed-origins" => in_origins = true,
+            flag if flag.starts_with("--") => in_origins = false,
+            origin if in_origins => origins.push(origin),
+            _ => {}
+        }
+    }
+    origins.join(" ")
 }

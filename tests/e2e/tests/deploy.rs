@@ -830,6 +830,11 @@ fn envoy_routes_to_workers_exactly_the_paths_the_filter_serves() {
         ] {
             env.insert(optional.into(), String::new());
         }
+        // The CORS block rendered in, so the routes are read with it.
+        env.insert(
+            "CORS_ALLOWED_ORIGINS".into(),
+            "https://app.example.com *".into(),
+        );
         let t: Value = serde_yaml::from_str(&render(&env, "routes")).expect("YAML");
         let routes = hcm(&t)["route_config"]["virtual_hosts"][0]["routes"]
             .as_sequence()
