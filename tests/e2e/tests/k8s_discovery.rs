@@ -71,7 +71,8 @@ async fn pods_with_the_labels_serve_while_ready_and_leave_when_relabelled_or_del
     let workers = pods_at(&dir, port, &[2, 3, 4], &[]).await;
     let url = |n: u8| format!("http://127.0.0.{n}:{port}");
     let port_text = port.to_string();
-    // sglang-router's own launch line for discovery, unchanged but for the port.
+    // sglang-router's own launch line for discovery (sgl-router README, "Service
+    // Discovery"), unchanged but for the port the local pods serve on.
     let stack = discovering(
         &fake,
         &dir,
@@ -81,17 +82,17 @@ async fn pods_with_the_labels_serve_while_ready_and_leave_when_relabelled_or_del
             "app=sglang-worker",
             "role=inference",
             "--service-discovery-namespace",
-            "llm",
+            "sglang-system",
             "--service-discovery-port",
             &port_text,
         ],
     )
     .await;
     let labels = [("app", "sglang-worker"), ("role", "inference")];
-    fake.put(pod("llm", "a", &labels, &[], "127.0.0.2", true));
-    fake.put(pod("llm", "b", &labels, &[], "127.0.0.3", false));
+    fake.put(pod("sglang-system", "a", &labels, &[], "127.0.0.2", true));
+    fake.put(pod("sglang-system", "b", &labels, &[], "127.0.0.3", false));
     fake.put(pod(
-        "llm",
+        "sglang-system",
         "c",
         &[("app", "sglang-worker")],
         &[],
@@ -109,11 +110,11 @@ async fn pods_with_the_labels_serve_while_ready_and_leave_when_relabelled_or_del
     assert_eq!(workers[0].served().await, 4);
 
     // b becomes ready: it joins.
-    fake.put(pod("llm", "b", &labels, &[], "127.0.0.3", true));
+    fake.put(pod("sglang-system", "b", &labels, &[], "127.0.0.3", true));
     wait_for(&stack, "urls", &[url(2), url(3)]).await;
     // a loses a label: it leaves, b alone serves.
     fake.put(pod(
-        "llm",
+        "sglang-system",
         "a",
         &[("app", "sglang-worker")],
         &[],
@@ -130,7 +131,7 @@ async fn pods_with_the_labels_serve_while_ready_and_leave_when_relabelled_or_del
     assert_eq!(workers[0].served().await, 4, "a serves no more");
     assert_eq!(workers[1].served().await, 4);
     // b is deleted: no worker is left.
-    fake.delete("llm", "b");
+    fake.delete("sglang-system", "b");
     wait_for(&stack, "urls", &[]).await;
     let r = stack.post("/generate", r#"{"text":"nobody"}"#).await;
     assert_eq!(r.status(), 503);
