@@ -40,6 +40,11 @@
 # `https://app.example.com http://localhost:3000` (`*`: any origin),
 # answered by Envoy's CORS filter. Empty (the default) drops the block
 # between `# BEGIN cors` and `# END cors`: no cross-origin access.
+#
+# Tracing (the control plane's --enable-trace and --otlp-traces-endpoint;
+# scripts/lib.sh passes them on): OTLP_TRACES_ENDPOINT, `host:port` of an
+# OTLP/gRPC collector. Empty (the default) drops the block between
+# `# BEGIN tracing` and `# END tracing`.
 set -eu
 
 if [ $# -lt 1 ]; then
@@ -58,6 +63,13 @@ WORKER_CLIENT_CERT=${WORKER_CLIENT_CERT:-}
 WORKER_CLIENT_KEY=${WORKER_CLIENT_KEY:-}
 SYSTEM_CA_BUNDLE=${SYSTEM_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 CORS_ALLOWED_ORIGINS=${CORS_ALLOWED_ORIGINS:-}
+OTLP_TRACES_ENDPOINT=${OTLP_TRACES_ENDPOINT:-}
+OTLP_TRACES_ENDPOINT=${OTLP_TRACES_ENDPOINT#http://}
+case $OTLP_TRACES_ENDPOINT in
+  *[!A-Za-z0-9.:_-]*)
+    echo "render.sh: OTLP_TRACES_ENDPOINT must be host:port, got $OTLP_TRACES_ENDPOINT" >&2
+    exit 2 ;;
+esac
 
 # The origins become the CorsPolicy's string matchers (what
 # {{CORS_ALLOWED_ORIGINS}} stands for in the template). An origin is
@@ -135,10 +147,10 @@ script=""
 for name in LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST \
     CONTROL_PLANE_GRPC_PORT CONTROL_PLANE_ADMIN_PORT MAX_BODY_BYTES MAX_CONNECTIONS \
     FILTER_WASM FILTER_OPTIONS WORKER_CA_CERTS WORKER_CLIENT_CERT WORKER_CLIENT_KEY \
-    CORS_ALLOWED_ORIGINS; do
+    CORS_ALLOWED_ORIGINS OTLP_TRACES_ENDPOINT; do
   eval "value=\${$name:-}"
   case $name in
-    FILTER_OPTIONS | WORKER_CA_CERTS | WORKER_CLIENT_CERT | WORKER_CLIENT_KEY | CORS_ALLOWED_ORIGINS) ;;
+    FILTER_OPTIONS | WORKER_CA_CERTS | WORKER_CLIENT_CERT | WORKER_CLIENT_KEY | CORS_ALLOWED_ORIGINS | OTLP_TRACES_ENDPOINT) ;;
     *)
       if [ -z "$value" ]; then
         echo "render.sh: $name is not set" >&2
@@ -159,6 +171,10 @@ case "${ADMIN_ROUTES:-on}" in
 esac
 if [ "$worker_tls" = off ]; then
   script="${script}/# BEGIN worker-tls/,/# END worker-tls/d
+"
+fi
+if [ -z "$OTLP_TRACES_ENDPOINT" ]; then
+  script="${script}/# BEGIN tracing/,/# END tracing/d
 "
 fi
 if [ -z "$CORS_ALLOWED_ORIGINS" ]; then

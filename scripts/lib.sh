@@ -142,6 +142,25 @@ cors_from_flags() {
   export CORS_ALLOWED_ORIGINS
 }
 
+# tracing_from_flags CONTROL_PLANE_FLAGS...: exports OTLP_TRACES_ENDPOINT
+# (envoy/render.sh) when --enable-trace is given: --otlp-traces-endpoint's
+# value, or sglang-router's default localhost:4317. Envoy then traces to
+# the same collector as the control plane.
+tracing_from_flags() {
+  local enabled=0 endpoint="localhost:4317"
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --enable-trace) enabled=1 ;;
+      --otlp-traces-endpoint) endpoint="${2:-}"; shift ;;
+      --otlp-traces-endpoint=*) endpoint="${1#*=}" ;;
+    esac
+    shift
+  done
+  OTLP_TRACES_ENDPOINT=""
+  [ "$enabled" = 1 ] && OTLP_TRACES_ENDPOINT="$endpoint"
+  export OTLP_TRACES_ENDPOINT
+}
+
 # wait_http URL SECONDS: until URL answers 2xx.
 wait_http() {
   local deadline=$((SECONDS + $2))

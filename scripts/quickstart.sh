@@ -50,6 +50,8 @@ wait_http "http://127.0.0.1:$CP_ADMIN_PORT/health" 60
 worker_tls_from_flags "$@"
 # Browsers from --cors-allowed-origins get Envoy's CORS answers.
 cors_from_flags "$@"
+# --enable-trace: Envoy traces to the control plane's collector too.
+tracing_from_flags "$@"
 render_envoy_config "$RUN/envoy.yaml" 127.0.0.1 "$PORT" "$ENVOY_ADMIN_PORT" 127.0.0.1 "$CP_GRPC_PORT" "$CP_ADMIN_PORT"
 log "starting Envoy on :$PORT"
 "$VENV/bin/envoy" -c "$RUN/envoy.yaml" --concurrency 2 --log-level warn >"$RUN/envoy.log" 2>&1 &

@@ -34,6 +34,7 @@ pub mod policy_flags;
 pub mod service;
 pub mod session;
 pub mod startup;
+pub mod trace;
 pub mod upkeep;
 pub mod workers;
 pub mod xds;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::EndpointDiscoveryServiceServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use sglang_envoy_lifecycle::{ClientKey, Mode};
 use sglang_envoy_proto::router_server::RouterServer;
 use tracing::{info, warn};
@@ -26,7 +27,7 @@ use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::workers::{worker_client, AddressPolicy, HealthChecker, Registry};
 use sglang_envoy_control_plane::{
-    admin, ext_proc, grpc_health, grpc_tls, k8s, policy_flags, service, startup, upkeep, xds,
+    admin, ext_proc, grpc_health, grpc_tls, k8s, policy_flags, service, startup, trace, upkeep, xds,
 };
 
 /// mimalloc instead of glibc's allocator: a routing decision allocates a
@@ -41,7 +42,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse_args();
     args.validate().map_err(anyhow::Error::msg)?;
-    init_logging(&args)?;
+    // Kept to the end: dropping it would stop the span exports.
+    let _tracer = init_logging(&args)?;
     for note in &args.peer_notes {
         warn!("{note}");
     }
@@ -64,8 +66,13 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// --log-level sets this crate's level; dependencies (h2, hyper) stay at
-/// warn unless RUST_LOG says otherwise.
-fn init_logging(args: &Args) -> anyhow::Result<()> {
+/// warn unless RUST_LOG says otherwise. With --enable-trace, decision spans
+/// also go to the OTLP endpoint, whatever the log level (the provider that
+/// sends them is returned).
+fn init_logging(args: &Args) -> anyhow::Result<Option<SdkTracerProvider>> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| {
             // Audit events are written whatever the log level when asked for.
@@ -80,8 +87,22 @@ fn init_logging(args: &Args) -> anyhow::Result<()> {
             ))
         })
         .context("invalid --log-level")?;
-    tracing_subscriber::fmt().with_env_filter(filter).init();
-    Ok(())
+    let provider = if args.enable_trace {
+        Some(trace::provider(&args.otlp_traces_endpoint)?)
+    } else {
+        None
+    };
+    let spans = provider.as_ref().map(|p| {
+        trace::layer(p).with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(trace::TARGET, tracing::Level::INFO),
+        )
+    });
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_filter(filter))
+        .with(spans)
+        .init();
+    Ok(provider)
 }
 
 /// The running parts of the control plane.
@@ -136,6 +157,7 @@ impl Router {
             worker_client: worker_client.clone(),
             wire_profile: args.wire_profile.forced(),
             client_key: args.api_key.as_deref().map(ClientKey::from_key),
+            trace: args.enable_trace,
         };
         let buckets = &args.prometheus_duration_buckets;
         let metrics = Arc::new(Metrics::new((!buckets.is_empty()).then_some(&buckets[..])));

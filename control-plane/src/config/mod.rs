@@ -304,6 +304,17 @@ pub struct Args {
     #[arg(long, env = "SGLANG_ENVOY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
+    /// Send each routing decision as an OpenTelemetry span to
+    /// `--otlp-traces-endpoint`, joined to the client's trace (W3C
+    /// `traceparent`); Envoy's own tracing comes from the same flags
+    /// (`OTLP_TRACES_ENDPOINT` of envoy/render.sh).
+    #[arg(long)]
+    pub enable_trace: bool,
+
+    /// The OTLP/gRPC collector, `host:port` (or a URL), for `--enable-trace`.
+    #[arg(long, default_value = "localhost:4317")]
+    pub otlp_traces_endpoint: String,
+
     /// sglang-router's control-plane authentication: API keys, JWTs, audit.
     #[command(flatten)]
     pub auth: AuthFlags,

@@ -120,8 +120,6 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--redis-retention-days", One, "30", NotApplicable(HISTORY)),
     flag("--tls-cert-path", One, "", NotYet(TLS)),
     flag("--tls-key-path", One, "", NotYet(TLS)),
-    flag("--enable-trace", Switch, "", NotYet("OpenTelemetry tracing is not built yet; Envoy's own tracing can be configured on its listener")),
-    flag("--otlp-traces-endpoint", One, "localhost:4317", NotYet("OpenTelemetry tracing is not built yet")),
 ];
 
 /// The table entry of `name`.

@@ -178,7 +178,6 @@ fn refused_flags_are_named_with_the_readme_row() {
             "--tls-cert-path",
         ),
         ("--backend openai", "--backend"),
-        ("--enable-trace", "--enable-trace"),
         (
             "--history-backend redis --redis-url redis://r",
             "--history-backend",

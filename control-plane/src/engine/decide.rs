@@ -45,10 +45,30 @@ fn no_unit() -> Unrouted {
 }
 
 impl Engine {
-    /// Answers one routing question. With admission control, an inference
-    /// request over the limit is queued (or refused) first, and a slot that
-    /// does not end in a decision is freed at once.
+    /// Answers one routing question; with `--enable-trace`, inside a
+    /// decision span that joins the request's trace.
     pub fn route(&self, q: &Question) -> Answer {
+        if !self.options.trace {
+            return self.admit_and_answer(q);
+        }
+        let span = crate::trace::decision_span(&q.path, q.ticket, &q.traceparent);
+        let answer = span.in_scope(|| self.admit_and_answer(q));
+        match &answer {
+            Ok(routed) => {
+                span.record("worker", routed.worker.as_str());
+            }
+            Err(Unrouted::Rejected(reply)) => {
+                span.record("status", reply.status);
+            }
+            Err(_) => {}
+        }
+        answer
+    }
+
+    /// With admission control, an inference request over the limit is
+    /// queued (or refused) first, and a slot that does not end in a
+    /// decision is freed at once.
+    fn admit_and_answer(&self, q: &Question) -> Answer {
         // `--api-key`, for inference requests: the front door checks it at
         // the request's head when it knows the key; this check stands when
         // it does not (a filter that has not heard from us yet).

@@ -82,6 +82,8 @@ pub struct EngineOptions {
     pub wire_profile: Option<WireProfile>,
     /// `--api-key`: the key inference requests must carry.
     pub client_key: Option<ClientKey>,
+    /// `--enable-trace`: each decision is a span (see [`crate::trace`]).
+    pub trace: bool,
 }
 
 impl Default for EngineOptions {
@@ -96,6 +98,7 @@ impl Default for EngineOptions {
             worker_client: reqwest::Client::new(),
             wire_profile: None,
             client_key: None,
+            trace: false,
         }
     }
 }

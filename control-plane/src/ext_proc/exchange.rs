@@ -155,6 +155,7 @@ impl Exchange {
             request_id: header("x-request-id"),
             routing_key: header(ROUTING_KEY_HEADER),
             authorization: header("authorization"),
+            traceparent: header("traceparent"),
         };
         match self.lc.on_request_head(head) {
             HeadStep::Reply(r) => self.reply(r),

@@ -76,6 +76,7 @@ mod tests {
             request_id: "",
             routing_key: "",
             authorization,
+            traceparent: "",
         }
     }
 

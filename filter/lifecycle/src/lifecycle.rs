@@ -86,6 +86,8 @@ pub struct RequestHead<'a> {
     pub routing_key: &'a str,
     /// `authorization`, empty when absent.
     pub authorization: &'a str,
+    /// W3C `traceparent`, empty when absent.
+    pub traceparent: &'a str,
 }
 
 /// Where the lifecycle reads the request from when it needs it again. The
@@ -178,6 +180,8 @@ pub struct Lifecycle {
     /// The client's `authorization`, kept for an inference question (the
     /// control plane checks `--api-key` too).
     authorization: String,
+    /// The client's `traceparent`, for the decision's span.
+    traceparent: String,
     body_bytes: usize,
     /// Status sent to the client, 0 until known.
     pub(crate) status: u32,
@@ -202,6 +206,7 @@ impl Lifecycle {
             request_id: String::new(),
             routing_key: String::new(),
             authorization: String::new(),
+            traceparent: String::new(),
             body_bytes: 0,
             status: 0,
             response_done: false,
@@ -265,6 +270,7 @@ impl Lifecycle {
         self.method = head.method.to_string();
         self.request_id = head.request_id.to_string();
         self.routing_key = head.routing_key.to_string();
+        self.traceparent = head.traceparent.to_string();
         let check = Head {
             method: head.method,
             path: head.path,
@@ -428,6 +434,7 @@ impl Lifecycle {
             request_id: self.request_id.clone(),
             routing_key: self.routing_key.clone(),
             authorization: self.authorization.clone(),
+            traceparent: self.traceparent.clone(),
             body_bytes: self.body_bytes as u64,
             ticket: self.ticket,
             ..Default::default()

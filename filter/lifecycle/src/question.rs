@@ -20,6 +20,9 @@ pub struct Question {
     /// The client's `authorization` (inference requests only; empty when
     /// absent), for the `--api-key` check.
     pub authorization: String,
+    /// The client's W3C `traceparent`, empty when absent: the decision's
+    /// span joins that trace.
+    pub traceparent: String,
     /// The text the cache-aware policies match on.
     pub routing_text: Vec<u8>,
     /// The client asked for a streamed answer.

@@ -49,6 +49,7 @@ fn head<'a>(method: &'a str, path: &'a str, end_of_stream: bool) -> RequestHead<
         request_id: "r1",
         routing_key: "k",
         authorization: "",
+        traceparent: "",
     }
 }
 

@@ -176,6 +176,7 @@ impl HttpContext for Request {
             request_id: &request_id,
             routing_key: &routing_key,
             authorization: &header("authorization"),
+            traceparent: &header("traceparent"),
         });
         match step {
             HeadStep::Reply(r) => {

@@ -85,6 +85,7 @@ pub(crate) fn render_template(
         // Envoy trusts and presents what the control plane does.
         .envs(envoy_tls_env(&opts.cp_args))
         .env("CORS_ALLOWED_ORIGINS", cors_origins(&opts.cp_args))
+        .env("OTLP_TRACES_ENDPOINT", otlp_endpoint(&opts.cp_args))
         .output()
         .context("running envoy/render.sh")?;
     if !rendered.status.success() {
@@ -114,4 +115,19 @@ pub fn cors_origins(cp_args: &[String]) -> String {
         }
     }
     origins.join(" ")
+}
+
+/// `OTLP_TRACES_ENDPOINT` from the control plane's `--enable-trace` and
+/// `--otlp-traces-endpoint`, as scripts/lib.sh's `tracing_from_flags`
+/// derives it.
+pub fn otlp_endpoint(cp_args: &[String]) -> String {
+    if !cp_args.iter().any(|a| a == "--enable-trace") {
+        return String::new();
+    }
+    cp_args
+        .iter()
+        .position(|a| a == "--otlp-traces-endpoint")
+        .and_then(|i| cp_args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| "localhost:4317".into())
 }

@@ -83,7 +83,6 @@ fn a_flag_this_router_cannot_honour_stops_it_with_the_flag_named() {
     for (flag, value) in [
         ("--bucket-adjust-interval-secs", "9"),
         ("--tls-cert-path", "/etc/router/cert.pem"),
-        ("--otlp-traces-endpoint", "collector:4317"),
         ("--history-backend", "postgres"),
     ] {
         let out = Command::new(release_bin("sglang-envoy-control-plane"))
