@@ -41,6 +41,11 @@
 # answered by Envoy's CORS filter. Empty (the default) drops the block
 # between `# BEGIN cors` and `# END cors`: no cross-origin access.
 #
+# TLS to clients (the control plane's --tls-cert-path and --tls-key-path;
+# scripts/lib.sh passes them on): LISTEN_TLS_CERT (PEM chain) and
+# LISTEN_TLS_KEY (PEM key), both or neither; the listener then speaks TLS
+# only (h2 and http/1.1 by ALPN). Empty: plaintext.
+#
 # Tracing (the control plane's --enable-trace and --otlp-traces-endpoint;
 # scripts/lib.sh passes them on): OTLP_TRACES_ENDPOINT, `host:port` of an
 # OTLP/gRPC collector. Empty (the default) drops the block between
@@ -61,6 +66,8 @@ FILTER_OPTIONS=${FILTER_OPTIONS:-}
 WORKER_CA_CERTS=${WORKER_CA_CERTS:-}
 WORKER_CLIENT_CERT=${WORKER_CLIENT_CERT:-}
 WORKER_CLIENT_KEY=${WORKER_CLIENT_KEY:-}
+LISTEN_TLS_CERT=${LISTEN_TLS_CERT:-}
+LISTEN_TLS_KEY=${LISTEN_TLS_KEY:-}
 SYSTEM_CA_BUNDLE=${SYSTEM_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 CORS_ALLOWED_ORIGINS=${CORS_ALLOWED_ORIGINS:-}
 OTLP_TRACES_ENDPOINT=${OTLP_TRACES_ENDPOINT:-}
@@ -142,15 +149,27 @@ else
   exit 2
 fi
 
+if [ -n "$LISTEN_TLS_CERT" ] && [ -n "$LISTEN_TLS_KEY" ]; then
+  LISTEN_TLS_CERT=$(absolute LISTEN_TLS_CERT "$LISTEN_TLS_CERT")
+  LISTEN_TLS_KEY=$(absolute LISTEN_TLS_KEY "$LISTEN_TLS_KEY")
+  listen_tls=on
+elif [ -z "$LISTEN_TLS_CERT" ] && [ -z "$LISTEN_TLS_KEY" ]; then
+  listen_tls=off
+else
+  echo "render.sh: LISTEN_TLS_CERT and LISTEN_TLS_KEY must be set together" >&2
+  exit 2
+fi
+
 # One sed expression per placeholder; values are escaped for sed.
 script=""
 for name in LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST \
     CONTROL_PLANE_GRPC_PORT CONTROL_PLANE_ADMIN_PORT MAX_BODY_BYTES MAX_CONNECTIONS \
     FILTER_WASM FILTER_OPTIONS WORKER_CA_CERTS WORKER_CLIENT_CERT WORKER_CLIENT_KEY \
-    CORS_ALLOWED_ORIGINS OTLP_TRACES_ENDPOINT; do
+    CORS_ALLOWED_ORIGINS OTLP_TRACES_ENDPOINT LISTEN_TLS_CERT LISTEN_TLS_KEY; do
   eval "value=\${$name:-}"
   case $name in
-    FILTER_OPTIONS | WORKER_CA_CERTS | WORKER_CLIENT_CERT | WORKER_CLIENT_KEY | CORS_ALLOWED_ORIGINS | OTLP_TRACES_ENDPOINT) ;;
+    FILTER_OPTIONS | WORKER_CA_CERTS | WORKER_CLIENT_CERT | WORKER_CLIENT_KEY | CORS_ALLOWED_ORIGINS | OTLP_TRACES_ENDPOINT \
+      | LISTEN_TLS_CERT | LISTEN_TLS_KEY) ;;
     *)
       if [ -z "$value" ]; then
         echo "render.sh: $name is not set" >&2
@@ -171,6 +190,13 @@ case "${ADMIN_ROUTES:-on}" in
 esac
 if [ "$worker_tls" = off ]; then
   script="${script}/# BEGIN worker-tls/,/# END worker-tls/d
+"
+fi
+if [ "$listen_tls" = on ]; then
+  script="${script}/# BEGIN listen-plain/,/# END listen-plain/d
+"
+else
+  script="${script}/# BEGIN listen-tls/,/# END listen-tls/d
 "
 fi
 if [ -z "$OTLP_TRACES_ENDPOINT" ]; then

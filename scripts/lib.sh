@@ -142,6 +142,23 @@ cors_from_flags() {
   export CORS_ALLOWED_ORIGINS
 }
 
+# listen_tls_from_flags CONTROL_PLANE_FLAGS...: exports LISTEN_TLS_CERT and
+# LISTEN_TLS_KEY (envoy/render.sh) from sglang-router's --tls-cert-path and
+# --tls-key-path: clients then reach Envoy's listener over TLS.
+listen_tls_from_flags() {
+  LISTEN_TLS_CERT=""; LISTEN_TLS_KEY=""
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --tls-cert-path) LISTEN_TLS_CERT="${2:-}"; shift ;;
+      --tls-cert-path=*) LISTEN_TLS_CERT="${1#*=}" ;;
+      --tls-key-path) LISTEN_TLS_KEY="${2:-}"; shift ;;
+      --tls-key-path=*) LISTEN_TLS_KEY="${1#*=}" ;;
+    esac
+    shift
+  done
+  export LISTEN_TLS_CERT LISTEN_TLS_KEY
+}
+
 # tracing_from_flags CONTROL_PLANE_FLAGS...: exports OTLP_TRACES_ENDPOINT
 # (envoy/render.sh) when --enable-trace is given: --otlp-traces-endpoint's
 # value, or sglang-router's default localhost:4317. Envoy then traces to
@@ -161,10 +178,10 @@ tracing_from_flags() {
   export OTLP_TRACES_ENDPOINT
 }
 
-# wait_http URL SECONDS: until URL answers 2xx.
+# wait_http URL SECONDS [CURL_ARGS...]: until URL answers 2xx.
 wait_http() {
   local deadline=$((SECONDS + $2))
-  until curl -fsS -o /dev/null "$1" 2>/dev/null; do
+  until curl -fsS "${@:3}" -o /dev/null "$1" 2>/dev/null; do
     [ $SECONDS -ge $deadline ] && { echo "timed out waiting for $1" >&2; return 1; }
     sleep 0.2
   done

@@ -52,19 +52,23 @@ worker_tls_from_flags "$@"
 cors_from_flags "$@"
 # --enable-trace: Envoy traces to the control plane's collector too.
 tracing_from_flags "$@"
+# --tls-cert-path/--tls-key-path: clients reach Envoy over TLS.
+listen_tls_from_flags "$@"
+scheme=http; curl_tls=()
+if [ -n "$LISTEN_TLS_CERT" ]; then scheme=https; curl_tls=(-k); fi
 render_envoy_config "$RUN/envoy.yaml" 127.0.0.1 "$PORT" "$ENVOY_ADMIN_PORT" 127.0.0.1 "$CP_GRPC_PORT" "$CP_ADMIN_PORT"
 log "starting Envoy on :$PORT"
 "$VENV/bin/envoy" -c "$RUN/envoy.yaml" --concurrency 2 --log-level warn >"$RUN/envoy.log" 2>&1 &
 pids+=($!)
-wait_http "http://127.0.0.1:$PORT/health" 60
+wait_http "$scheme://127.0.0.1:$PORT/health" 60 ${curl_tls[@]+"${curl_tls[@]}"}
 
 cat <<MSG
 
-sglang-envoy is running on http://127.0.0.1:$PORT (logs in $RUN). Try:
+sglang-envoy is running on $scheme://127.0.0.1:$PORT (logs in $RUN). Try:
 
-  curl -s http://127.0.0.1:$PORT/v1/chat/completions -H 'content-type: application/json' \\
+  curl -s ${curl_tls[*]+${curl_tls[*]} }$scheme://127.0.0.1:$PORT/v1/chat/completions -H 'content-type: application/json' \\
     -d '{"model":"default","messages":[{"role":"user","content":"Hello"}],"max_tokens":8}'
-  curl -s http://127.0.0.1:$PORT/get_loads
+  curl -s ${curl_tls[*]+${curl_tls[*]} }$scheme://127.0.0.1:$PORT/get_loads
 
 Ctrl-C stops everything.
 MSG

@@ -81,7 +81,7 @@ use Values::{Many, One, Switch};
 
 const TOKENIZER: &str = "the router inside Envoy forwards HTTP: it does not tokenize, apply chat templates or parse model output (SGLang workers do)";
 const HISTORY: &str = "the router keeps no conversation history: it forwards the OpenAI/SGLang endpoints to workers and stores nothing";
-const TLS: &str = "clients reach Envoy's listener, which is where TLS to clients belongs; the Envoy configs here listen in plaintext (add a DownstreamTlsContext to the listener), and the flag is refused so that a launch line never serves plaintext where TLS was meant";
+const TLS: &str = "clients reach Envoy's listener, which serves TLS with these files: envoy/render.sh's LISTEN_TLS_CERT/LISTEN_TLS_KEY, which scripts/quickstart.sh takes from these flags (docker compose from .env); an Envoy configured elsewhere needs its own DownstreamTlsContext";
 
 /// sglang-router 0.3.2's flags this router does not parse itself.
 pub const PEER_FLAGS: &[PeerFlag] = &[
@@ -118,8 +118,8 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--redis-url", One, "", NotApplicable(HISTORY)),
     flag("--redis-pool-max", One, "16", NotApplicable(HISTORY)),
     flag("--redis-retention-days", One, "30", NotApplicable(HISTORY)),
-    flag("--tls-cert-path", One, "", NotYet(TLS)),
-    flag("--tls-key-path", One, "", NotYet(TLS)),
+    flag("--tls-cert-path", One, "", Elsewhere(TLS)),
+    flag("--tls-key-path", One, "", Elsewhere(TLS)),
 ];
 
 /// The table entry of `name`.

@@ -173,10 +173,6 @@ fn refused_flags_are_named_with_the_readme_row() {
             "--bucket-adjust-interval-secs 9",
             "--bucket-adjust-interval-secs",
         ),
-        (
-            "--tls-cert-path /c.pem --tls-key-path /k.pem",
-            "--tls-cert-path",
-        ),
         ("--backend openai", "--backend"),
         (
             "--history-backend redis --redis-url redis://r",

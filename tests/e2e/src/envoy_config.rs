@@ -86,6 +86,14 @@ pub(crate) fn render_template(
         .envs(envoy_tls_env(&opts.cp_args))
         .env("CORS_ALLOWED_ORIGINS", cors_origins(&opts.cp_args))
         .env("OTLP_TRACES_ENDPOINT", otlp_endpoint(&opts.cp_args))
+        .env(
+            "LISTEN_TLS_CERT",
+            flag_value(&opts.cp_args, "--tls-cert-path"),
+        )
+        .env(
+            "LISTEN_TLS_KEY",
+            flag_value(&opts.cp_args, "--tls-key-path"),
+        )
         .output()
         .context("running envoy/render.sh")?;
     if !rendered.status.success() {
@@ -130,4 +138,15 @@ pub fn otlp_endpoint(cp_args: &[String]) -> String {
         .and_then(|i| cp_args.get(i + 1))
         .cloned()
         .unwrap_or_else(|| "localhost:4317".into())
+}
+
+/// The value after `flag` in the control plane's flags (empty when absent),
+/// as scripts/lib.sh's `listen_tls_from_flags` reads `--tls-cert-path`.
+pub fn flag_value(cp_args: &[String], flag: &str) -> String {
+    cp_args
+        .iter()
+        .position(|a| a == flag)
+        .and_then(|i| cp_args.get(i + 1))
+        .cloned()
+        .unwrap_or_default()
 }

@@ -418,7 +418,12 @@ impl Stack {
             workers,
             prefills,
             decodes,
-            base: format!("http://127.0.0.1:{port}"),
+            // --tls-cert-path: Envoy's listener speaks TLS (render.sh).
+            base: if opts.cp_args.iter().any(|a| a == "--tls-cert-path") {
+                format!("https://127.0.0.1:{port}")
+            } else {
+                format!("http://127.0.0.1:{port}")
+            },
             admin,
             dir,
             envoy_admin: format!("http://127.0.0.1:{envoy_admin}"),
@@ -451,8 +456,10 @@ impl Stack {
                 format!("Bearer {key}").parse()?,
             );
         }
+        // A TLS listener's certificate is the test's to check, not the probe's.
         let prober = reqwest::Client::builder()
             .default_headers(headers)
+            .danger_accept_invalid_certs(stack.base.starts_with("https"))
             .build()?;
         if !wait_until(Duration::from_secs(30), || ok_with(&prober, &probe)).await {
             bail!("Envoy did not become ready:\n{}", stack.envoy.log());

@@ -827,6 +827,8 @@ fn envoy_routes_to_workers_exactly_the_paths_the_filter_serves() {
             "WORKER_CA_CERTS",
             "WORKER_CLIENT_CERT",
             "WORKER_CLIENT_KEY",
+            "LISTEN_TLS_CERT",
+            "LISTEN_TLS_KEY",
         ] {
             env.insert(optional.into(), String::new());
         }

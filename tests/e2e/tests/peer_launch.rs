@@ -82,7 +82,6 @@ async fn an_sglang_router_launch_line_starts_and_serves_metrics_on_its_port() {
 fn a_flag_this_router_cannot_honour_stops_it_with_the_flag_named() {
     for (flag, value) in [
         ("--bucket-adjust-interval-secs", "9"),
-        ("--tls-cert-path", "/etc/router/cert.pem"),
         ("--history-backend", "postgres"),
     ] {
         let out = Command::new(release_bin("sglang-envoy-control-plane"))

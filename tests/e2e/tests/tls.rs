@@ -2,7 +2,8 @@
 //! `--client-cert-path`, `--client-key-path`), through a real Envoy: the
 //! control plane's health checks and PD prefill halves, and Envoy's own
 //! connections, both verify the worker and present the client certificate.
-//! Each test makes its own CA and certificates with rcgen.
+//! And TLS to clients (`--tls-cert-path`, `--tls-key-path`), served by
+//! Envoy's listener. Each test makes its own CA and certificates with rcgen.
 
 use std::path::Path;
 use std::time::Duration;
@@ -316,4 +317,51 @@ async fn pd_with_https_prefill_and_decode() {
     for w in [prefill, decode] {
         assert_eq!(handshakes(w).await.1, 0, "{}", w.url);
     }
+}
+
+#[tokio::test]
+async fn tls_cert_path_makes_envoys_listener_speak_tls() {
+    let dir = cert_dir("listener");
+    // The "worker" certificate names 127.0.0.1: here it is the listener's.
+    let pki = make_pki(&dir, "listener", false);
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        cp_args: vec![
+            "--tls-cert-path".into(),
+            pki.cert.display().to_string(),
+            "--tls-key-path".into(),
+            pki.key.display().to_string(),
+        ],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(stack.base.starts_with("https://"), "{}", stack.base);
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.ca).unwrap()).unwrap();
+    let trusting = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let r = trusting
+        .post(stack.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(chat(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion", "{v}");
+    // Not trusted without the CA, and no plaintext on the port.
+    assert!(reqwest::get(stack.url("/health")).await.is_err());
+    let plain = stack.url("/health").replacen("https://", "http://", 1);
+    let r = reqwest::get(&plain).await;
+    assert!(
+        r.as_ref().map_or(true, |r| !r.status().is_success()),
+        "plaintext was served: {r:?}"
+    );
+    // The control plane took the flags as answered by Envoy.
+    assert!(stack
+        .control_plane_log()
+        .contains("--tls-cert-path (sglang-router's)"));
 }
