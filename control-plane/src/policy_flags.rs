@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sglang_envoy_core::policy::{
-    CacheAware, CacheAwareConfig, CostAware, CostAwareConfig, Manual, ManualConfig, Policy,
-    PolicyKind, PowerOfTwo, Random, RoundRobin, MIN_MATCH,
+    Bucket, BucketConfig, CacheAware, CacheAwareConfig, CostAware, CostAwareConfig, Manual,
+    ManualConfig, Policy, PolicyKind, PowerOfTwo, Random, RoundRobin, MIN_MATCH,
 };
 
 use crate::config::Args;
@@ -27,6 +27,11 @@ pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
             max_tree_size: args.max_tree_size,
             min_match: MIN_MATCH,
             queue_weight: args.cost_queue_weight,
+        })),
+        PolicyKind::Bucket => Arc::new(Bucket::new(BucketConfig {
+            adjust_every: Duration::from_secs(args.bucket_adjust_interval_secs),
+            balance_abs_threshold: args.balance_abs_threshold,
+            balance_rel_threshold: args.balance_rel_threshold,
         })),
         PolicyKind::Manual => Arc::new(Manual::new(ManualConfig {
             max_idle: Duration::from_secs(args.max_idle_secs),

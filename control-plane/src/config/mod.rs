@@ -298,6 +298,11 @@ pub struct Args {
     #[arg(long, env = "SGLANG_ENVOY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
+    /// `--prefill-policy bucket`: how often the prompt-length ranges of the
+    /// prefill workers are fitted to the last interval's requests.
+    #[arg(long, default_value_t = 5)]
+    pub bucket_adjust_interval_secs: u64,
+
     /// sglang-router's `--api-key`: inference requests must carry
     /// `Authorization: Bearer <key>` (401 otherwise), and the control
     /// plane's own calls to workers carry it.

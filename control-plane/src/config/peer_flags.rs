@@ -76,7 +76,7 @@ const fn flag(
     }
 }
 
-use Answer::{Elsewhere, NotApplicable, NotYet};
+use Answer::{Elsewhere, NotApplicable};
 use Values::{Many, One, Switch};
 
 const TOKENIZER: &str = "the router inside Envoy forwards HTTP: it does not tokenize, apply chat templates or parse model output (SGLang workers do)";
@@ -86,7 +86,6 @@ const TLS: &str = "clients reach Envoy's listener, which serves TLS with these f
 /// sglang-router 0.3.2's flags this router does not parse itself.
 pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--port", One, "30000", Elsewhere("clients reach Envoy's listener, whose port is set where Envoy is configured (PORT for scripts/quickstart.sh, the listener in envoy/envoy.yaml); the control plane listens on --admin-port and --grpc-port")),
-    flag("--bucket-adjust-interval-secs", One, "5", NotYet("the bucket prefill policy is not built yet; use another --prefill-policy")),
     flag("--enable-igw", Switch, "", NotApplicable("one router serves one model's workers; route several models with an Envoy route (and a router) per model")),
     flag("--mini-lb", Switch, "", NotApplicable("sglang-router's Python debugging balancer")),
     flag("--log-dir", One, "", Elsewhere("logs go to standard output, for the container runtime or systemd to keep")),

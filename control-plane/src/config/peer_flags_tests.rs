@@ -169,10 +169,6 @@ fn accepted_flags_leave_the_line_with_a_note_and_the_rest_is_parsed() {
 #[test]
 fn refused_flags_are_named_with_the_readme_row() {
     for (line, flag) in [
-        (
-            "--bucket-adjust-interval-secs 9",
-            "--bucket-adjust-interval-secs",
-        ),
         ("--backend openai", "--backend"),
         (
             "--history-backend redis --redis-url redis://r",

@@ -209,3 +209,28 @@ fn duration_buckets_must_be_positive_and_ascending() {
         assert!(e.contains("--prometheus-duration-buckets"), "{bad:?}: {e}");
     }
 }
+
+#[test]
+fn bucket_is_a_prefill_policy_of_pd_mode_only() {
+    let pd = |extra: &[&str]| {
+        let mut v = vec!["cp", "--pd-disaggregation"];
+        v.extend_from_slice(extra);
+        Args::parse_from(v).validate()
+    };
+    assert!(pd(&["--prefill-policy", "bucket"]).is_ok());
+    assert!(pd(&["--policy", "bucket"])
+        .unwrap_err()
+        .contains("prefill policy"));
+    assert!(pd(&["--decode-policy", "bucket"])
+        .unwrap_err()
+        .contains("prefill policy"));
+    let regular = Args::parse_from(["cp", "--prefill-policy", "bucket"]).validate();
+    assert!(regular.unwrap_err().contains("--pd-disaggregation"));
+    assert!(pd(&[
+        "--prefill-policy",
+        "bucket",
+        "--bucket-adjust-interval-secs",
+        "0"
+    ])
+    .is_err());
+}

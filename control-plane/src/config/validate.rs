@@ -11,6 +11,20 @@ impl Args {
                 self.cache_threshold
             ));
         }
+        if self.policy == super::PolicyKind::Bucket
+            || self.decode_policy == Some(super::PolicyKind::Bucket)
+        {
+            return Err(
+                "bucket is a prefill policy: give it as --prefill-policy bucket (with --pd-disaggregation)"
+                    .into(),
+            );
+        }
+        if self.prefill_policy == Some(super::PolicyKind::Bucket) && !self.pd_disaggregation {
+            return Err("--prefill-policy bucket needs --pd-disaggregation".into());
+        }
+        if self.bucket_adjust_interval_secs == 0 {
+            return Err("--bucket-adjust-interval-secs must be at least 1".into());
+        }
         let b = &self.prometheus_duration_buckets;
         if b.iter().any(|x| !x.is_finite() || *x <= 0.0) || b.windows(2).any(|w| w[0] >= w[1]) {
             return Err(format!(

@@ -80,10 +80,7 @@ async fn an_sglang_router_launch_line_starts_and_serves_metrics_on_its_port() {
 
 #[test]
 fn a_flag_this_router_cannot_honour_stops_it_with_the_flag_named() {
-    for (flag, value) in [
-        ("--bucket-adjust-interval-secs", "9"),
-        ("--history-backend", "postgres"),
-    ] {
+    for (flag, value) in [("--backend", "openai"), ("--history-backend", "postgres")] {
         let out = Command::new(release_bin("sglang-envoy-control-plane"))
             .args(["--worker-urls", "http://127.0.0.1:1", flag, value])
             .output()

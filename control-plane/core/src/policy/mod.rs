@@ -1,6 +1,7 @@
 //! Routing policies: given the healthy workers and a request's routing text,
 //! choose one worker.
 
+mod bucket;
 mod cache_aware;
 mod cost_aware;
 mod manual;
@@ -10,6 +11,7 @@ mod round_robin;
 
 use std::sync::Arc;
 
+pub use bucket::{Bucket, BucketConfig};
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use cost_aware::{CostAware, CostAwareConfig, MIN_MATCH};
 pub use manual::{AssignmentMode, Manual, ManualConfig};
@@ -100,6 +102,10 @@ pub enum PolicyKind {
     /// `X-SMG-Routing-Key` header go to the same worker (another one only
     /// while it is unhealthy); requests without it as `--assignment-mode`.
     Manual,
+    /// sglang-router's prefill policy for PD (`--prefill-policy` only):
+    /// each prefill worker takes a range of prompt lengths, fitted every
+    /// `--bucket-adjust-interval-secs` to share the characters equally.
+    Bucket,
 }
 
 /// For each worker, the bytes of the request its tenant holds, in one pass
