@@ -11,6 +11,7 @@
 
 mod envoy_config;
 pub mod fake_kube;
+mod front_door;
 pub mod gateway;
 mod process;
 mod sim_worker;
