@@ -236,3 +236,26 @@ fn bad_flags_are_refused_with_their_name() {
         assert!(e.contains(says), "{e}");
     }
 }
+
+#[tokio::test]
+async fn an_explicit_jwks_uri_is_used_instead_of_discovery() {
+    let signer = Signer::new("k1");
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let served = idp(vec![signer.jwk.clone()], fetches.clone()).await;
+    // The issuer named in tokens has no discovery document at all.
+    let issuer = "https://idp.invalid/realms/x";
+    let auth = AdminAuth::from_flags(
+        None,
+        &AuthFlags {
+            jwt_jwks_uri: Some(format!("{served}/jwks")),
+            ..flags(issuer)
+        },
+    )
+    .unwrap();
+    let token = signer.token(claims(issuer, &["Gateway.Admin"]));
+    assert_eq!(
+        auth.authenticate(Some(&token)).await.unwrap().role,
+        Role::Admin
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+}
