@@ -138,26 +138,28 @@ else
   echo "render.sh: no CA certificates (WORKER_CA_CERTS is empty and $SYSTEM_CA_BUNDLE is missing): Envoy cannot reach https:// workers" >&2
   worker_tls=off
 fi
-if [ -n "$WORKER_CLIENT_CERT" ] && [ -n "$WORKER_CLIENT_KEY" ]; then
+# both_or_neither CERT_VAR KEY_VAR: "on" when both are set, "off" when
+# neither is; an error otherwise.
+both_or_neither() {
+  eval "pair_cert=\${$1} pair_key=\${$2}"
+  if [ -n "$pair_cert" ] && [ -n "$pair_key" ]; then
+    echo on
+  elif [ -z "$pair_cert" ] && [ -z "$pair_key" ]; then
+    echo off
+  else
+    echo "render.sh: $1 and $2 must be set together" >&2
+    exit 2
+  fi
+}
+client_cert=$(both_or_neither WORKER_CLIENT_CERT WORKER_CLIENT_KEY)
+if [ "$client_cert" = on ]; then
   WORKER_CLIENT_CERT=$(absolute WORKER_CLIENT_CERT "$WORKER_CLIENT_CERT")
   WORKER_CLIENT_KEY=$(absolute WORKER_CLIENT_KEY "$WORKER_CLIENT_KEY")
-  client_cert=on
-elif [ -z "$WORKER_CLIENT_CERT" ] && [ -z "$WORKER_CLIENT_KEY" ]; then
-  client_cert=off
-else
-  echo "render.sh: WORKER_CLIENT_CERT and WORKER_CLIENT_KEY must be set together" >&2
-  exit 2
 fi
-
-if [ -n "$LISTEN_TLS_CERT" ] && [ -n "$LISTEN_TLS_KEY" ]; then
+listen_tls=$(both_or_neither LISTEN_TLS_CERT LISTEN_TLS_KEY)
+if [ "$listen_tls" = on ]; then
   LISTEN_TLS_CERT=$(absolute LISTEN_TLS_CERT "$LISTEN_TLS_CERT")
   LISTEN_TLS_KEY=$(absolute LISTEN_TLS_KEY "$LISTEN_TLS_KEY")
-  listen_tls=on
-elif [ -z "$LISTEN_TLS_CERT" ] && [ -z "$LISTEN_TLS_KEY" ]; then
-  listen_tls=off
-else
-  echo "render.sh: LISTEN_TLS_CERT and LISTEN_TLS_KEY must be set together" >&2
-  exit 2
 fi
 
 # One sed expression per placeholder; values are escaped for sed.

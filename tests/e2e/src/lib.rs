@@ -57,6 +57,18 @@ pub fn fresh_dir(name: &str) -> std::io::Result<std::path::PathBuf> {
     Ok(dir)
 }
 
+/// Asserts `r` is a JSON 401 asking for a bearer token
+/// (`WWW-Authenticate: Bearer`) and returns its message.
+pub async fn expect_bearer_challenge(r: reqwest::Response) -> String {
+    assert_eq!(
+        r.headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok()),
+        Some("Bearer")
+    );
+    expect_openai_error(r, 401).await
+}
+
 /// Asserts `r` is an OpenAI-shaped JSON error with `status` and returns its
 /// message: `{"error":{"message","type","param","code"}}`.
 pub async fn expect_openai_error(r: reqwest::Response, status: u16) -> String {

@@ -15,7 +15,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::json;
-use sglang_envoy_e2e::{expect_openai_error, SimWorker, Stack, StackOptions};
+use sglang_envoy_e2e::{
+    expect_bearer_challenge, expect_openai_error, SimWorker, Stack, StackOptions,
+};
 
 const AUDIENCE: &str = "sglang-envoy-e2e";
 
@@ -114,14 +116,7 @@ async fn admin_jwts_and_api_keys_guard_the_fleet_through_envoy() {
     };
 
     // No credential: a JSON 401 asking for a bearer token.
-    let r = add().send().await.unwrap();
-    assert_eq!(
-        r.headers()
-            .get("www-authenticate")
-            .map(|v| v.to_str().unwrap()),
-        Some("Bearer")
-    );
-    expect_openai_error(r, 401).await;
+    expect_bearer_challenge(add().send().await.unwrap()).await;
     // Tokens of the issuer that are not good enough.
     let expired = idp.token("alice", &["Gateway.Admin"], -600);
     let message = expect_openai_error(add().bearer_auth(expired).send().await.unwrap(), 401).await;

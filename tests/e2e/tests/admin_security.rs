@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sglang_envoy_e2e::{expect_openai_error, SimWorker, Stack, StackOptions};
+use sglang_envoy_e2e::{
+    expect_bearer_challenge, expect_openai_error, SimWorker, Stack, StackOptions,
+};
 use tokio::net::TcpListener;
 
 const TOKEN: &str = "s3cret-admin-token";
@@ -29,14 +31,7 @@ async fn mutating_endpoints_need_the_token_through_envoy_and_directly() {
     let client = reqwest::Client::new();
     for base in [stack.base.clone(), stack.admin.clone()] {
         let add = format!("{base}/add_worker?url={}", extra.url);
-        let r = client.post(&add).send().await.unwrap();
-        assert_eq!(
-            r.headers()
-                .get("www-authenticate")
-                .map(|v| v.to_str().unwrap()),
-            Some("Bearer")
-        );
-        expect_openai_error(r, 401).await;
+        expect_bearer_challenge(client.post(&add).send().await.unwrap()).await;
         let r = client.post(&add).bearer_auth("wrong").send().await.unwrap();
         expect_openai_error(r, 403).await;
         let r = client
