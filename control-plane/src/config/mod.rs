@@ -246,12 +246,6 @@ pub struct Args {
     #[arg(long, default_value_t = 60)]
     pub queue_timeout_secs: u64,
 
-    /// Accepted for sglang-router launch lines. sglang-router refills its
-    /// request tokens at this rate (by default the limit per second), so
-    /// more requests than the limit can run; here the limit is strict.
-    #[arg(long, allow_negative_numbers = true)]
-    pub rate_limit_tokens_per_second: Option<i64>,
-
     /// A request whose end was never reported stops counting as load after this.
     #[arg(long, default_value_t = 1800)]
     pub request_timeout_secs: u64,

@@ -117,6 +117,7 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--redis-url", One, "", NotApplicable(HISTORY)),
     flag("--redis-pool-max", One, "16", NotApplicable(HISTORY)),
     flag("--redis-retention-days", One, "30", NotApplicable(HISTORY)),
+    flag("--rate-limit-tokens-per-second", One, "", Elsewhere("admission control here is a strict limit of --max-concurrent-requests with a queue; sglang-router refills its request tokens at this rate besides returning them, so more than the limit can run there: the flag is accepted and the limit stays strict")),
     flag("--tls-cert-path", One, "", Elsewhere(TLS)),
     flag("--tls-key-path", One, "", Elsewhere(TLS)),
 ];

@@ -23,7 +23,7 @@ async fn an_sglang_router_launch_line_starts_and_serves_metrics_on_its_port() {
         "--port 30000 --log-dir /var/log/router --backend sglang --history-backend memory \
          --request-id-headers x-request-id x-trace-id --shutdown-grace-period-secs 30 \
          --prometheus-host 127.0.0.1 --prometheus-port {prometheus} --eviction-interval-secs 120 \
-         --prometheus-duration-buckets 0.05 0.5 5"
+         --prometheus-duration-buckets 0.05 0.5 5 --rate-limit-tokens-per-second 50"
     );
     let stack = Stack::start(StackOptions {
         workers: 2,
@@ -70,6 +70,7 @@ async fn an_sglang_router_launch_line_starts_and_serves_metrics_on_its_port() {
         "--log-dir",
         "--request-id-headers",
         "--shutdown-grace-period-secs",
+        "--rate-limit-tokens-per-second",
     ] {
         assert!(
             log.contains(&format!("{flag} (sglang-router's)")),
