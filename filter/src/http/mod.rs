@@ -155,28 +155,32 @@ impl HttpContext for Request {
         self.started = Some(self.get_current_time());
         // Only the control plane chooses the worker: a client must not.
         self.set_http_request_header(&self.shared.config.endpoint_header, None);
+        // One host call for every header the lifecycle reads, rather than
+        // one per header: each call crosses the wasm ABI (Envoy bounds the
+        // headers' size, so the copy is bounded too).
+        let headers = self.get_http_request_headers();
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or("", |(_, v)| v.as_str())
+        };
         if let Some(trap) = &self.config().test_trap_header {
-            if self.get_http_request_header(trap).is_some() {
+            if headers.iter().any(|(n, _)| n == trap) {
                 // The one deliberate panic: tests configure it to prove that
                 // a crashed VM does not outlive the request that crashed it.
                 panic!("test_trap_header present: trapping the VM as configured");
             }
         }
-        let header = |name| self.get_http_request_header(name).unwrap_or_default();
-        let (path, method) = (header(":path"), header(":method"));
-        let (request_id, routing_key) = (header("x-request-id"), header(ROUTING_KEY_HEADER));
-        let content_length = self
-            .get_http_request_header("content-length")
-            .and_then(|v| v.parse::<usize>().ok());
         let step = self.lc.on_request_head(RequestHead {
-            method: &method,
-            path: &path,
+            method: header(":method"),
+            path: header(":path"),
             end_of_stream,
-            content_length,
-            request_id: &request_id,
-            routing_key: &routing_key,
-            authorization: &header("authorization"),
-            traceparent: &header("traceparent"),
+            content_length: header("content-length").parse::<usize>().ok(),
+            request_id: header("x-request-id"),
+            routing_key: header(ROUTING_KEY_HEADER),
+            authorization: header("authorization"),
+            traceparent: header("traceparent"),
         });
         match step {
             HeadStep::Reply(r) => {
