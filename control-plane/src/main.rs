@@ -158,6 +158,7 @@ impl Router {
             wire_profile: args.wire_profile.forced(),
             client_key: args.api_key.as_deref().map(ClientKey::from_key),
             trace: args.enable_trace,
+            max_body_bytes: args.max_payload_size,
         };
         let buckets = &args.prometheus_duration_buckets;
         let metrics = Arc::new(Metrics::new((!buckets.is_empty()).then_some(&buckets[..])));

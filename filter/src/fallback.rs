@@ -65,6 +65,17 @@ impl Fallback {
             .and_then(|(_, s)| ClientKey::from_digest(&s.client_key_sha256))
     }
 
+    /// `--max-payload-size` as the control plane last said, if it did.
+    pub fn max_body_bytes(&self) -> Option<usize> {
+        self.0
+            .snapshot
+            .borrow()
+            .as_ref()
+            .map(|(_, s)| s.max_body_bytes)
+            .filter(|n| *n > 0)
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
     /// Stores a fresh list of workers, received at `now`.
     pub fn update(&self, now: SystemTime, snapshot: WorkersSnapshot) {
         *self.0.snapshot.borrow_mut() = Some((now, snapshot));
@@ -125,6 +136,7 @@ mod tests {
             prefill: Vec::new(),
             wire_profiles: Default::default(),
             client_key_sha256: Vec::new(),
+            max_body_bytes: 0,
         }
     }
 

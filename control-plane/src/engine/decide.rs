@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use sglang_envoy_body::{is_info_path, RequestBody, Route};
+use sglang_envoy_body::{is_info_path, too_large, RequestBody, Route};
 use sglang_envoy_lifecycle::{
     Answer, ClientKey, FollowPrefill, LocalReply, Mode, Question, Routed, Unrouted,
 };
@@ -72,6 +72,13 @@ impl Engine {
         // `--api-key`, for inference requests: the front door checks it at
         // the request's head when it knows the key; this check stands when
         // it does not (a filter that has not heard from us yet).
+        // `--max-payload-size` stands whatever limit the front door has.
+        if q.body_bytes > self.options.max_body_bytes as u64 {
+            self.metrics.error("payload_too_large");
+            return Err(Unrouted::Rejected(
+                too_large(self.options.max_body_bytes).into(),
+            ));
+        }
         if let Some(key) = self.options.client_key {
             if Route::from_path(&q.path).is_some() && !key.admits(&q.authorization) {
                 self.metrics.error("unauthorized");

@@ -84,6 +84,9 @@ pub struct EngineOptions {
     pub client_key: Option<ClientKey>,
     /// `--enable-trace`: each decision is a span (see [`crate::trace`]).
     pub trace: bool,
+    /// `--max-payload-size`: larger request bodies are refused (413),
+    /// whatever the front door's own limit.
+    pub max_body_bytes: usize,
 }
 
 impl Default for EngineOptions {
@@ -99,6 +102,7 @@ impl Default for EngineOptions {
             wire_profile: None,
             client_key: None,
             trace: false,
+            max_body_bytes: sglang_envoy_lifecycle::names::DEFAULT_MAX_BODY_BYTES,
         }
     }
 }
@@ -217,6 +221,7 @@ impl Engine {
                 .flat_map(endpoints)
                 .map(|w| (w.endpoint_text.clone(), pd::wire_code(w.facts.wire)))
                 .collect(),
+            max_body_bytes: self.options.max_body_bytes as u64,
             client_key_sha256: self
                 .options
                 .client_key

@@ -86,8 +86,8 @@ pub struct ExtProcService {
 impl ExtProcService {
     /// A front door over `engine` (`health` checks workers Envoy failed
     /// over from), holding at most `budget` of request bodies at once;
-    /// bodies over `max_body_bytes` (`--max-payload-size`) get 413 unless
-    /// Envoy sends its own limit in [`MAX_BODY_METADATA`].
+    /// bodies over `max_body_bytes` (`--max-payload-size`), or over the
+    /// smaller limit Envoy sends in [`MAX_BODY_METADATA`], get 413.
     pub fn new(
         engine: Arc<Engine>,
         health: Arc<HealthChecker>,
@@ -118,8 +118,8 @@ impl ExternalProcessor for ExtProcService {
             .metadata()
             .get(MAX_BODY_METADATA)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(self.max_body_bytes);
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map_or(self.max_body_bytes, |envoy| envoy.min(self.max_body_bytes));
         let exchange = Exchange::new(
             self.engine.clone(),
             Some(self.health.clone()),

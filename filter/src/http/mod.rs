@@ -77,7 +77,14 @@ impl Request {
     /// HTTP context `context_id` with its `ticket`, sharing `shared`.
     pub fn new(shared: &Shared, context_id: u32, ticket: u64) -> Self {
         let settings = Settings {
-            max_body_bytes: shared.config.max_body_bytes,
+            // The smaller of the filter's limit and the control plane's
+            // --max-payload-size (once a worker list has said it).
+            max_body_bytes: shared
+                .fallback
+                .max_body_bytes()
+                .map_or(shared.config.max_body_bytes, |cp| {
+                    cp.min(shared.config.max_body_bytes)
+                }),
             // Envoy calls the filter with the answer's body while the
             // filter holds its head.
             body_while_head_held: true,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sglang_envoy_e2e::{Stack, StackOptions};
+use sglang_envoy_e2e::{expect_openai_error, Stack, StackOptions};
 
 fn generate(text: &str) -> String {
     json!({"text": text, "sampling_params": {"max_new_tokens": 1}}).to_string()
@@ -154,4 +154,20 @@ async fn max_tree_size_evicts_at_the_eviction_interval() {
     );
     assert_eq!(stack.metric("sgl_router_cache_hits_total").await, 1.0);
     assert_eq!(stack.metric("sgl_router_cache_misses_total").await, 2.0);
+}
+
+#[tokio::test]
+async fn max_payload_size_holds_whatever_envoys_own_limit() {
+    // Envoy's config keeps its default limit (32 MiB): the control plane's
+    // flag alone must hold.
+    let stack = stack(1, "round_robin", &["--max-payload-size", "100000"]).await;
+    let body = |chars: usize| generate(&"p".repeat(chars));
+    assert_eq!(stack.post("/generate", &body(50_000)).await.status(), 200);
+    let message = expect_openai_error(stack.post("/generate", &body(200_000)).await, 413).await;
+    assert!(message.contains("100000"), "{message}");
+    // Once the filter has the control plane's worker list, it refuses the
+    // body itself; either way nothing reached the worker.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    expect_openai_error(stack.post("/generate", &body(200_000)).await, 413).await;
+    assert_eq!(stack.workers[0].served().await, 1);
 }
