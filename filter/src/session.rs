@@ -45,7 +45,7 @@ enum Link {
 }
 
 /// What a request waits for on the stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Wait {
     /// The answer to its routing question.
     Answer,
@@ -68,9 +68,11 @@ struct Inner {
     /// The root context, which owns the stream (sends are made as it).
     root: u32,
     link: Link,
-    /// Requests waiting on the stream, by ticket (a request waits for its
-    /// answer, later for its end to be counted, never both at once).
-    waiting: HashMap<u64, Waiter>,
+    /// Requests waiting on the stream, by ticket and what they wait for: a
+    /// PD request may wait for its prefill's outcome and for its end to be
+    /// counted at once, and neither wait may replace the other (the answer
+    /// to the replaced one would be dropped, and its request left waiting).
+    waiting: HashMap<(u64, Wait), Waiter>,
 }
 
 /// One VM's session, shared by its root context and its requests (the VM
@@ -150,13 +152,13 @@ impl Session {
             wait,
             deadline,
         };
-        self.0.borrow_mut().waiting.insert(ticket, waiter);
+        self.0.borrow_mut().waiting.insert((ticket, wait), waiter);
         true
     }
 
     /// The request with `ticket` no longer waits (it ended).
     pub fn forget(&self, ticket: u64) {
-        self.0.borrow_mut().waiting.remove(&ticket);
+        self.0.borrow_mut().waiting.retain(|(t, _), _| *t != ticket);
     }
 
     /// Sends `message` on the stream as the root context, then acts for
@@ -235,10 +237,7 @@ impl Session {
     /// the context that waits for it, if one still does.
     pub fn answered(&self, ticket: u64, wait: Wait) -> Option<u32> {
         let mut inner = self.0.borrow_mut();
-        match inner.waiting.get(&ticket) {
-            Some(w) if w.wait == wait => inner.waiting.remove(&ticket).map(|w| w.context),
-            _ => None,
-        }
+        inner.waiting.remove(&(ticket, wait)).map(|w| w.context)
     }
 
     /// Stream `token` ended at `now`: every wait on it is over (the
@@ -267,11 +266,11 @@ impl Session {
     /// Waits whose deadline passed before `now`; they are removed.
     pub fn expired(&self, now: SystemTime) -> Vec<(u32, Wait)> {
         let mut inner = self.0.borrow_mut();
-        let late: Vec<u64> = inner
+        let late: Vec<(u64, Wait)> = inner
             .waiting
             .iter()
             .filter(|(_, w)| w.deadline < now)
-            .map(|(t, _)| *t)
+            .map(|(k, _)| *k)
             .collect();
         late.iter()
             .filter_map(|t| inner.waiting.remove(t))
@@ -304,7 +303,9 @@ mod tests {
             wait: Wait::Answer,
             deadline,
         };
-        s.0.borrow_mut().waiting.insert(ticket, waiter);
+        s.0.borrow_mut()
+            .waiting
+            .insert((ticket, Wait::Answer), waiter);
     }
 
     #[test]
@@ -333,6 +334,36 @@ mod tests {
         assert_eq!(s.answered(200, Wait::Answer), Some(12));
         assert_eq!(s.answered(200, Wait::Answer), None);
         assert_eq!(s.answered(100, Wait::Answer), Some(11));
+        assert_eq!(s.waiting(), 0);
+    }
+
+    #[test]
+    fn a_prefill_wait_and_an_end_wait_of_one_request_both_get_their_answer() {
+        let s = Session::new(1);
+        up(&s, 7);
+        for wait in [Wait::Prefill, Wait::Counted] {
+            let waiter = Waiter {
+                context: 11,
+                wait,
+                deadline: at(50),
+            };
+            s.0.borrow_mut().waiting.insert((100, wait), waiter);
+        }
+        // The end's acknowledgement first, then the prefill's outcome: the
+        // second wait was not lost to the first.
+        assert_eq!(s.answered(100, Wait::Counted), Some(11));
+        assert_eq!(s.answered(100, Wait::Prefill), Some(11));
+        assert_eq!(s.waiting(), 0);
+        // A finished request forgets all its waits.
+        s.0.borrow_mut().waiting.insert(
+            (200, Wait::Prefill),
+            Waiter {
+                context: 12,
+                wait: Wait::Prefill,
+                deadline: at(50),
+            },
+        );
+        s.forget(200);
         assert_eq!(s.waiting(), 0);
     }
 
