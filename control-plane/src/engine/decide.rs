@@ -65,13 +65,11 @@ impl Engine {
         answer
     }
 
-    /// With admission control, an inference request over the limit is
-    /// queued (or refused) first, and a slot that does not end in a
-    /// decision is freed at once.
+    /// Refuses what the flags forbid (bodies over `--max-payload-size`,
+    /// inference without `--api-key`); then, with admission control, an
+    /// inference request over the limit is queued (or refused) first, and a
+    /// slot that does not end in a decision is freed at once.
     fn admit_and_answer(&self, q: &Question) -> Answer {
-        // `--api-key`, for inference requests: the front door checks it at
-        // the request's head when it knows the key; this check stands when
-        // it does not (a filter that has not heard from us yet).
         // `--max-payload-size` stands whatever limit the front door has.
         if q.body_bytes > self.options.max_body_bytes as u64 {
             self.metrics.error("payload_too_large");
@@ -79,6 +77,9 @@ impl Engine {
                 too_large(self.options.max_body_bytes).into(),
             ));
         }
+        // `--api-key`, for inference requests: the front door checks it at
+        // the request's head when it knows the key; this check stands when
+        // it does not (a filter that has not heard from us yet).
         if let Some(key) = self.options.client_key {
             if Route::from_path(&q.path).is_some() && !key.admits(&q.authorization) {
                 self.metrics.error("unauthorized");
