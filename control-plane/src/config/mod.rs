@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+use sglang_envoy_core::policy;
 pub use sglang_envoy_core::policy::{AssignmentMode, PolicyKind};
 
 use crate::workers::WorkerTls;
@@ -124,12 +125,12 @@ pub struct Args {
 
     /// cost_aware: what one request in flight costs beyond its prefill, in
     /// prompt bytes.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = policy::PER_REQUEST_COST)]
     pub cost_per_request: u64,
 
     /// cost_aware: weight of the prefill work queued on a worker against the
     /// prefill a request would do there (0..=1 favours cache hits).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = policy::QUEUE_WEIGHT)]
     pub cost_queue_weight: f64,
 
     /// manual: a routing key not seen for this long is forgotten (checked
@@ -147,7 +148,7 @@ pub struct Args {
     pub eviction_interval_secs: u64,
 
     /// Largest approximate tree per worker, in bytes of text.
-    #[arg(long, default_value_t = 67_108_864)]
+    #[arg(long, default_value_t = policy::MAX_TREE_SIZE)]
     pub max_tree_size: usize,
 
     /// Seconds between health checks of each worker.

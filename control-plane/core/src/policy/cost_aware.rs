@@ -27,6 +27,28 @@ pub struct CostAwareConfig {
 /// Default of [`CostAwareConfig::min_match`]: a few tokens.
 pub const MIN_MATCH: usize = 32;
 
+/// Shipped [`CostAwareConfig::per_request_cost`] (`--cost-per-request`).
+pub const PER_REQUEST_COST: u64 = 32;
+
+/// Shipped [`CostAwareConfig::queue_weight`] (`--cost-queue-weight`).
+pub const QUEUE_WEIGHT: f64 = 0.5;
+
+/// Shipped [`CostAwareConfig::max_tree_size`] (`--max-tree-size`, shared
+/// with `cache_aware`): 64 MiB of text per worker.
+pub const MAX_TREE_SIZE: usize = 64 << 20;
+
+impl Default for CostAwareConfig {
+    /// The weights the control plane ships with (its flags' defaults).
+    fn default() -> Self {
+        CostAwareConfig {
+            per_request_cost: PER_REQUEST_COST,
+            max_tree_size: MAX_TREE_SIZE,
+            queue_weight: QUEUE_WEIGHT,
+            min_match: MIN_MATCH,
+        }
+    }
+}
+
 /// Chooses the worker where the request is expected to start soonest.
 ///
 /// sglang-router's `cache_aware` switches between two modes on thresholds:
@@ -135,13 +157,9 @@ mod tests {
     use super::*;
     use crate::policy::test_support::workers;
 
+    /// The policy with the weights the control plane ships with.
     fn policy() -> CostAware {
-        CostAware::new(CostAwareConfig {
-            per_request_cost: 0,
-            max_tree_size: 1 << 20,
-            min_match: MIN_MATCH,
-            queue_weight: 1.0,
-        })
+        CostAware::new(CostAwareConfig::default())
     }
 
     fn pick(p: &CostAware, ws: &[Arc<Worker>], text: &str) -> Selection {

@@ -14,6 +14,8 @@ use std::sync::Arc;
 pub use bucket::{Bucket, BucketConfig};
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use cost_aware::{CostAware, CostAwareConfig, MIN_MATCH};
+/// The cost-aware policy's shipped weights.
+pub use cost_aware::{MAX_TREE_SIZE, PER_REQUEST_COST, QUEUE_WEIGHT};
 pub use manual::{AssignmentMode, Manual, ManualConfig};
 pub use power_of_two::PowerOfTwo;
 pub use random::Random;
