@@ -45,6 +45,18 @@ impl Request {
         Some(self.calls.swap_remove(at).1)
     }
 
+    /// Call `token` (gRPC or HTTP) went out for this request. It is known
+    /// to the VM too: the SDK hands a call's answer to the context that was
+    /// active when it went out, which is the root's when the root acted for
+    /// this request (an answer on the session stream, or its loss when the
+    /// stream broke, sets off the next call), and the root must find the
+    /// request to pass the answer on. Envoy's call tokens carry their kind
+    /// in their low bits, so HTTP and gRPC tokens never collide.
+    pub(super) fn track(&mut self, token: u32, call: Call) {
+        self.calls.push((token, call));
+        self.shared.contexts.own_call(token, self.context_id);
+    }
+
     /// Takes the answer to call `token` that reached the root context
     /// (the call went out while the root acted for this request).
     pub fn call_answered(&mut self, token: u32, grpc_status: Option<u32>, size: usize) {
@@ -115,8 +127,7 @@ impl Request {
         );
         match sent {
             Ok(token) => {
-                self.calls.push((token, call));
-                self.shared.contexts.own_call(token, self.context_id);
+                self.track(token, call);
                 true
             }
             Err(status) => {
