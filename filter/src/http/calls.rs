@@ -15,10 +15,11 @@ use sglang_envoy_proto::{
 
 use super::steps::Flow;
 use super::Request;
+use crate::holds::Hold;
 use crate::session::{Wait, MAX_QUESTION_BYTES};
 
 /// The longest a failed answer waits for its report to be taken.
-const REPORT_WAIT: Duration = Duration::from_millis(250);
+pub(super) const REPORT_WAIT: Duration = Duration::from_millis(250);
 
 /// A call in flight, by what its answer is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,7 @@ impl Request {
 
     /// The control plane counted the end: the answer's last bytes go on.
     pub fn end_counted(&mut self) {
+        self.unhold();
         self.resume_http_response();
     }
 
@@ -151,6 +153,7 @@ impl Request {
             let deadline = self.get_current_time() + self.route_timeout();
             let session = &self.shared.session;
             if session.ask(self.context_id, ticket, &up.encode_to_vec(), deadline) {
+                self.hold(Hold::Request, self.route_timeout());
                 return Flow::Wait;
             }
             let Some(Kind::Route(r)) = up.kind else {
@@ -160,6 +163,7 @@ impl Request {
         }
         let encoded = request.encode_to_vec();
         if self.call("Route", &encoded, self.route_timeout(), Call::Route) {
+            self.hold(Hold::Request, self.route_timeout());
             return Flow::Wait;
         }
         self.run_no_answer()
@@ -174,6 +178,7 @@ impl Request {
         .encode_to_vec();
         let timeout = Duration::from_millis(wait_ms.saturating_add(2_000));
         if self.call("AwaitAdmission", &wait, timeout, Call::Admission) {
+            self.hold(Hold::Request, timeout);
             return Flow::Wait;
         }
         self.run_no_answer()
@@ -190,6 +195,7 @@ impl Request {
     pub(super) fn await_prefill(&mut self) -> bool {
         let timeout = Duration::from_millis(self.shared.config.prefill_timeout_ms);
         if self.ask_prefill(timeout, Call::Prefill) {
+            self.prefill_sent();
             return true;
         }
         self.reply(LocalReply::unreachable());
@@ -262,7 +268,10 @@ impl Request {
                 self.prefill_step(step);
             }
             // Counted (or not: the answer goes on either way).
-            Call::Outcome => self.resume_http_response(),
+            Call::Outcome => {
+                self.unhold();
+                self.resume_http_response();
+            }
             Call::Prefill | Call::Grace => {
                 let outcome = self.answer::<PrefillOutcome>(grpc_status, size);
                 self.prefill_answered(outcome);
@@ -272,6 +281,8 @@ impl Request {
                 self.route_answered(response);
             }
             Call::Admission => {
+                // Whatever follows holds the request again if it must.
+                self.unhold();
                 let step = match self.answer::<AdmissionOutcome>(grpc_status, size) {
                     Some(Ok(outcome)) => {
                         let attach = self.shared.send_body.get();
@@ -289,6 +300,8 @@ impl Request {
     /// or the stream failed, or it came too late), an error when it cannot
     /// be read.
     fn route_answered(&mut self, response: Option<Result<RouteResponse, LocalReply>>) {
+        // Whatever follows holds the request again if it must.
+        self.unhold();
         let step = match response {
             Some(Ok(response)) => {
                 let answer = wire::answer_of(response);
