@@ -24,6 +24,7 @@ pub mod completions;
 pub mod config;
 pub mod contexts;
 pub mod fallback;
+pub mod holds;
 pub mod host;
 pub mod http;
 pub mod reply;

@@ -18,6 +18,7 @@ use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
 use crate::contexts::Contexts;
 use crate::fallback::Fallback;
+use crate::holds::Holds;
 use crate::host;
 use crate::http::{Request, RequestContext, Shared};
 use crate::reply::send_reply_for;
@@ -67,6 +68,7 @@ impl Root {
                 body_waits: BodyWaits::default(),
                 session: Session::new(context_id),
                 contexts: Contexts::default(),
+                holds: Holds::default(),
             },
             tickets: TicketSource::new(random::u64(host::nanos)),
             in_flight: None,
@@ -196,6 +198,7 @@ impl RootContext for Root {
         self.report();
         self.time_out_questions();
         self.time_out_bodies();
+        self.time_out_holds();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -258,6 +261,17 @@ impl Root {
         for (context, wait) in self.shared.session.expired(self.get_current_time()) {
             warn!("no answer on the control plane session in time for request {context}");
             self.act_for(context, |r| r.wait_over(wait));
+        }
+    }
+
+    /// Requests held longer than any of their waits allows: their holds
+    /// end (the safety net under every wait, `holds.rs`).
+    fn time_out_holds(&mut self) {
+        if self.shared.holds.is_empty() {
+            return;
+        }
+        for (context, hold) in self.shared.holds.expired(self.get_current_time()) {
+            self.act_for(context, |r| r.overdue(hold));
         }
     }
 

@@ -161,6 +161,11 @@ impl Session {
         self.0.borrow_mut().waiting.retain(|(t, _), _| *t != ticket);
     }
 
+    /// The request with `ticket` no longer waits for `wait` (it gave up).
+    pub fn forget_wait(&self, ticket: u64, wait: Wait) {
+        self.0.borrow_mut().waiting.remove(&(ticket, wait));
+    }
+
     /// Sends `message` on the stream as the root context, then acts for
     /// `context` again.
     fn send(&self, context: u32, message: &[u8]) -> bool {
@@ -365,6 +370,18 @@ mod tests {
         );
         s.forget(200);
         assert_eq!(s.waiting(), 0);
+        // A request that gives up one wait keeps the other.
+        for wait in [Wait::Answer, Wait::Counted] {
+            let waiter = Waiter {
+                context: 13,
+                wait,
+                deadline: at(50),
+            };
+            s.0.borrow_mut().waiting.insert((300, wait), waiter);
+        }
+        s.forget_wait(300, Wait::Answer);
+        assert_eq!(s.answered(300, Wait::Answer), None);
+        assert_eq!(s.answered(300, Wait::Counted), Some(13));
     }
 
     #[test]

@@ -30,7 +30,9 @@ pub mod wire;
 pub use answer::{BodyStep, PrefillStep, Release, ResponseHead, ResponseStep, Watch};
 pub use client_key::ClientKey;
 pub use completion::EndFacts;
-pub use lifecycle::{Forward, HeadStep, Lifecycle, Mode, RequestHead, Settings, Source, Step};
+pub use lifecycle::{
+    Forward, HeadStep, Held, Lifecycle, Mode, Overdue, RequestHead, Settings, Source, Step,
+};
 pub use question::{Answer, FollowPrefill, Question, Routed, Unrouted};
 pub use reply::LocalReply;
 pub use tickets::TicketSource;

@@ -133,6 +133,30 @@ pub enum Step {
     Fallback,
 }
 
+/// What the front door holds while the router waits for something (a
+/// decision, an admission slot, a prefill's outcome). Each such hold must
+/// end: when whatever it waits for is lost, [`Lifecycle::on_overdue`] says
+/// how to end it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// The request, paused until the control plane decides (or admits it).
+    Request,
+    /// PD: the answer's head, until the prefill's outcome.
+    AnswerHead,
+}
+
+/// How a hold ends once its deadline passed with nothing arriving.
+#[derive(Debug, PartialEq)]
+pub enum Overdue {
+    /// The request's question or admission wait is given up: this step
+    /// (the outage fallback, or an error when there is none).
+    Request(Step),
+    /// The prefill's outcome is given up: the held answer goes on.
+    Prefill(crate::answer::PrefillStep),
+    /// The lifecycle holds nothing.
+    Nothing,
+}
+
 /// The edits that send a request to the workers the decision chose.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Forward {
@@ -417,6 +441,28 @@ impl Lifecycle {
             }
             None => AnswerState::Pass,
         });
+    }
+
+    /// What the front door holds for the router now, if anything (the
+    /// front door may hold the answer for reasons of its own as well).
+    pub fn held(&self) -> Option<Held> {
+        match self.state {
+            State::Asking { .. } | State::Queued => Some(Held::Request),
+            State::Upstream(AnswerState::HeadHeld { .. }) => Some(Held::AnswerHead),
+            _ => None,
+        }
+    }
+
+    /// What the router waits for did not come in time (lost, or later
+    /// than any deadline allows): a held request takes the outage fallback
+    /// as if the control plane had not answered, a held answer goes on as
+    /// if the prefill's outcome were unknown. Nothing held stays held.
+    pub fn on_overdue(&mut self) -> Overdue {
+        match self.held() {
+            Some(Held::Request) => Overdue::Request(self.on_no_answer()),
+            Some(Held::AnswerHead) => Overdue::Prefill(self.on_prefill_unknown()),
+            None => Overdue::Nothing,
+        }
     }
 
     /// The router answers the client with `reply`, whatever the request's

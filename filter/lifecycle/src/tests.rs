@@ -519,6 +519,84 @@ fn a_lost_prefill_outcome_lets_the_decode_answer_through() {
 }
 
 #[test]
+fn an_answer_then_a_broken_stream_before_the_prefill_outcome_holds_nothing_for_ever() {
+    // The decision came on the session; the stream broke before the
+    // prefill's outcome: the outcome is unknown, the request went on.
+    let mut lc = forwarded(true, true, true);
+    assert_eq!(lc.held(), None, "the request went on with the decision");
+    assert_eq!(lc.on_prefill_unknown(), PrefillStep::Nothing);
+    assert!(matches!(
+        lc.on_response_head(ok_head(false), upstream),
+        ResponseStep::Continue { .. }
+    ));
+    assert_eq!(lc.held(), None);
+
+    // The head arrived first and is held; the outcome never comes: the
+    // deadline lets the decode answer through.
+    let mut lc = forwarded(true, true, true);
+    assert_eq!(
+        lc.on_response_head(ok_head(true), upstream),
+        ResponseStep::Hold { grace: None }
+    );
+    assert_eq!(lc.held(), Some(Held::AnswerHead));
+    assert!(matches!(
+        lc.on_overdue(),
+        Overdue::Prefill(PrefillStep::Release { replace: None, .. })
+    ));
+    assert_eq!(lc.held(), None);
+    assert_eq!(lc.on_overdue(), Overdue::Nothing);
+    // A late outcome changes nothing.
+    assert_eq!(lc.on_prefill(prefill_failed(500)), PrefillStep::Nothing);
+}
+
+#[test]
+fn a_local_prefill_whose_outcome_is_lost_does_not_hold_the_answer_for_ever() {
+    // The question was on the stream when it broke: the outage fallback
+    // sends the prefill half itself, and its outcome is lost.
+    let mut lc = asked(true);
+    assert_eq!(lc.held(), Some(Held::Request));
+    assert_eq!(lc.on_no_answer(), Step::Fallback);
+    lc.forwarded_locally(Some(true));
+    assert_eq!(lc.held(), None);
+    assert_eq!(
+        lc.on_response_head(ok_head(false), upstream),
+        ResponseStep::Hold { grace: None }
+    );
+    assert_eq!(lc.on_response_body(b"{}", true), BodyStep::Hold);
+    assert_eq!(lc.held(), Some(Held::AnswerHead));
+    let Overdue::Prefill(PrefillStep::Release { release, replace }) = lc.on_overdue() else {
+        panic!("the held answer must go on");
+    };
+    assert_eq!((release.watch, replace), (Watch::Nothing, None));
+    let c = lc.end(&upstream()).unwrap();
+    assert_eq!((c.http_status, c.client_cancelled), (200, false));
+}
+
+#[test]
+fn a_question_or_admission_never_answered_takes_the_fallback() {
+    let mut lc = asked(false);
+    assert_eq!(lc.on_overdue(), Overdue::Request(Step::Fallback));
+    lc.forwarded_locally(None);
+    assert_eq!(lc.held(), None);
+
+    let mut lc = asked(false);
+    let queued = Err(Unrouted::Queued { wait_ms: 10 });
+    assert_eq!(
+        lc.on_answer(queued, &client()),
+        Step::AwaitAdmission { wait_ms: 10 }
+    );
+    assert_eq!(lc.held(), Some(Held::Request));
+    assert_eq!(lc.on_overdue(), Overdue::Request(Step::Fallback));
+
+    // Nothing left to fall back on: the client gets the JSON 503 (the
+    // front door's reply when the fallback finds no worker).
+    let mut lc = asked(false);
+    lc.refuse(LocalReply::unreachable());
+    assert_eq!(lc.held(), None);
+    assert_eq!(lc.on_overdue(), Overdue::Nothing);
+}
+
+#[test]
 fn a_client_gone_while_the_prefill_runs_is_a_cancel() {
     let mut lc = forwarded(true, false, false);
     let c = lc.end(&EndFacts::default()).unwrap();

@@ -15,10 +15,11 @@ use sglang_envoy_proto::{
 
 use super::steps::Flow;
 use super::Request;
+use crate::holds::Hold;
 use crate::session::{Wait, MAX_QUESTION_BYTES};
 
 /// The longest a failed answer waits for its report to be taken.
-const REPORT_WAIT: Duration = Duration::from_millis(250);
+pub(super) const REPORT_WAIT: Duration = Duration::from_millis(250);
 
 /// A call in flight, by what its answer is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +44,18 @@ impl Request {
         self.shared.contexts.disown_call(token);
         let at = self.calls.iter().position(|(t, _)| *t == token)?;
         Some(self.calls.swap_remove(at).1)
+    }
+
+    /// Call `token` (gRPC or HTTP) went out for this request. It is known
+    /// to the VM too: the SDK hands a call's answer to the context that was
+    /// active when it went out, which is the root's when the root acted for
+    /// this request (an answer on the session stream, or its loss when the
+    /// stream broke, sets off the next call), and the root must find the
+    /// request to pass the answer on. Envoy's call tokens carry their kind
+    /// in their low bits, so HTTP and gRPC tokens never collide.
+    pub(super) fn track(&mut self, token: u32, call: Call) {
+        self.calls.push((token, call));
+        self.shared.contexts.own_call(token, self.context_id);
     }
 
     /// Takes the answer to call `token` that reached the root context
@@ -72,6 +85,7 @@ impl Request {
 
     /// The control plane counted the end: the answer's last bytes go on.
     pub fn end_counted(&mut self) {
+        self.unhold();
         self.resume_http_response();
     }
 
@@ -128,8 +142,7 @@ impl Request {
         );
         match sent {
             Ok(token) => {
-                self.calls.push((token, call));
-                self.shared.contexts.own_call(token, self.context_id);
+                self.track(token, call);
                 true
             }
             Err(status) => {
@@ -153,6 +166,7 @@ impl Request {
             let deadline = self.get_current_time() + self.route_timeout();
             let session = &self.shared.session;
             if session.ask(self.context_id, ticket, &up.encode_to_vec(), deadline) {
+                self.hold(Hold::Request, self.route_timeout());
                 return Flow::Wait;
             }
             let Some(Kind::Route(r)) = up.kind else {
@@ -162,6 +176,7 @@ impl Request {
         }
         let encoded = request.encode_to_vec();
         if self.call("Route", &encoded, self.route_timeout(), Call::Route) {
+            self.hold(Hold::Request, self.route_timeout());
             return Flow::Wait;
         }
         self.run_no_answer()
@@ -176,6 +191,7 @@ impl Request {
         .encode_to_vec();
         let timeout = Duration::from_millis(wait_ms.saturating_add(2_000));
         if self.call("AwaitAdmission", &wait, timeout, Call::Admission) {
+            self.hold(Hold::Request, timeout);
             return Flow::Wait;
         }
         self.run_no_answer()
@@ -192,6 +208,7 @@ impl Request {
     pub(super) fn await_prefill(&mut self) -> bool {
         let timeout = Duration::from_millis(self.shared.config.prefill_timeout_ms);
         if self.ask_prefill(timeout, Call::Prefill) {
+            self.prefill_sent();
             return true;
         }
         self.reply(LocalReply::unreachable());
@@ -264,7 +281,10 @@ impl Request {
                 self.prefill_step(step);
             }
             // Counted (or not: the answer goes on either way).
-            Call::Outcome => self.resume_http_response(),
+            Call::Outcome => {
+                self.unhold();
+                self.resume_http_response();
+            }
             Call::Prefill | Call::Grace => {
                 let outcome = self.answer::<PrefillOutcome>(grpc_status, size);
                 self.prefill_answered(outcome);
@@ -274,6 +294,8 @@ impl Request {
                 self.route_answered(response);
             }
             Call::Admission => {
+                // Whatever follows holds the request again if it must.
+                self.unhold();
                 let step = match self.answer::<AdmissionOutcome>(grpc_status, size) {
                     Some(Ok(outcome)) => {
                         let attach = self.shared.send_body.get();
@@ -291,6 +313,8 @@ impl Request {
     /// or the stream failed, or it came too late), an error when it cannot
     /// be read.
     fn route_answered(&mut self, response: Option<Result<RouteResponse, LocalReply>>) {
+        // Whatever follows holds the request again if it must.
+        self.unhold();
         let step = match response {
             Some(Ok(response)) => {
                 let answer = wire::answer_of(response);

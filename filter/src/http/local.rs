@@ -125,7 +125,11 @@ impl Request {
                 Duration::from_millis(self.shared.config.prefill_timeout_ms),
             )
             .map_err(|s| format!("cannot send the prefill: {s:?}"))?;
-        self.calls.push((token, Call::LocalPrefill));
+        // Registered with the VM as well: a fallback set off while the root
+        // acts for this request (the session broke under its question)
+        // sends this call as the root, whose context gets the answer.
+        self.track(token, Call::LocalPrefill);
+        self.prefill_sent();
         self.set_http_request_body(0, body.len(), &decode_body);
         self.set_http_request_header("content-length", Some(&decode_body.len().to_string()));
         Ok(Some(merge))

@@ -17,6 +17,7 @@ use sglang_envoy_proto::ROUTING_KEY_HEADER;
 
 mod calls;
 mod context;
+mod hold;
 mod local;
 mod steps;
 
@@ -30,6 +31,7 @@ use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
 use crate::contexts::Contexts;
 use crate::fallback::Fallback;
+use crate::holds::{Hold, Holds};
 use crate::host::{end_facts, EnvoyRequest};
 use crate::reply::send_reply;
 use crate::session::Session;
@@ -53,6 +55,9 @@ pub struct Shared {
     pub session: Session,
     /// The live requests, for the root context to act for.
     pub contexts: Contexts,
+    /// Requests the filter holds, and until when at most (the root context
+    /// ends the holds that outlive their deadline).
+    pub holds: Holds,
 }
 
 /// One HTTP stream passing through the filter.
@@ -71,6 +76,8 @@ pub struct Request {
     calls: Vec<(u32, Call)>,
     /// Bytes of the answer's body Envoy holds because we paused it.
     response_held: usize,
+    /// PD: when the prefill's outcome is due at the latest.
+    prefill_until: Option<SystemTime>,
 }
 
 impl Request {
@@ -100,6 +107,7 @@ impl Request {
             started: None,
             calls: Vec::new(),
             response_held: 0,
+            prefill_until: None,
         }
     }
 
@@ -116,6 +124,7 @@ impl Request {
 
     /// Ends the request with the router's own error.
     fn reply(&mut self, reply: LocalReply) {
+        self.unhold();
         let reply = self.lc.refuse(reply);
         send_reply(self, &reply);
     }
@@ -282,6 +291,9 @@ impl HttpContext for Request {
             }
             BodyStep::Hold => {
                 self.response_held = size;
+                if end_of_stream {
+                    self.answer_whole();
+                }
                 return Action::Pause;
             }
             BodyStep::Replace(body) => {
@@ -306,6 +318,7 @@ impl HttpContext for Request {
 
     fn on_log(&mut self) {
         self.shared.body_waits.done(self.context_id);
+        self.unhold();
         self.shared.session.forget(self.lc.ticket());
         for (token, _) in self.calls.drain(..) {
             self.shared.contexts.disown_call(token);
@@ -325,7 +338,11 @@ impl Request {
         match self.lc.end(&end_facts(self.elapsed_us())) {
             Some(completion) => {
                 let hold = self.shared.config.exact_loads;
-                self.report_end(completion, hold)
+                let held = self.report_end(completion, hold);
+                if held {
+                    self.hold(Hold::AnswerEnd, calls::REPORT_WAIT);
+                }
+                held
             }
             None => false,
         }

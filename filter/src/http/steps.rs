@@ -6,6 +6,7 @@ use proxy_wasm::types::Action;
 use sglang_envoy_lifecycle::{Forward, LocalReply, PrefillStep, ResponseStep, Step};
 
 use super::Request;
+use crate::holds::Hold;
 
 /// Whether the request (or its answer) goes on now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +43,7 @@ impl Request {
     /// callback (an answer from the control plane): going on means resuming.
     pub(super) fn run_resuming(&mut self, step: Step) {
         if self.run(step) == Flow::Go {
+            self.unhold();
             self.resume_http_request();
         }
     }
@@ -75,20 +77,24 @@ impl Request {
                 // A failed answer waits until the control plane counted it.
                 let waits = report.is_some_and(|c| self.report_failure(c));
                 if waits {
+                    self.hold(Hold::AnswerHead, super::calls::REPORT_WAIT);
                     Action::Pause
                 } else {
                     Action::Continue
                 }
             }
-            ResponseStep::Hold { grace: None } => Action::Pause,
+            ResponseStep::Hold { grace: None } => {
+                self.hold_head_for_prefill();
+                Action::Pause
+            }
             ResponseStep::Hold { grace: Some(grace) } => {
                 if !self.await_prefill_for(grace) {
-                    let step = self.lc.on_prefill_unknown();
-                    return match step {
-                        PrefillStep::Release { .. } => Action::Continue,
-                        _ => Action::Pause,
-                    };
+                    // The outcome cannot be asked for: the head goes on
+                    // (`on_prefill_unknown` releases a held head).
+                    self.lc.on_prefill_unknown();
+                    return Action::Continue;
                 }
+                self.hold(Hold::AnswerHead, grace);
                 Action::Pause
             }
         }
@@ -100,8 +106,14 @@ impl Request {
         match step {
             PrefillStep::Nothing => {}
             PrefillStep::Reply(reply) => self.reply(reply),
-            PrefillStep::KeepHolding => self.set_http_response_header("content-length", None),
+            PrefillStep::KeepHolding => {
+                // Held from now on for the rest of the answer, which
+                // Envoy brings: the filter waits for nothing else.
+                self.unhold();
+                self.set_http_response_header("content-length", None)
+            }
             PrefillStep::Release { release, replace } => {
+                self.unhold();
                 if release.strip_length {
                     self.set_http_response_header("content-length", None);
                 }

@@ -358,3 +358,100 @@ async fn pd_requests_ask_and_wait_for_their_prefill_on_the_session() {
     // Every prefill half was answered for: the decodes all got their KV.
     assert_eq!(stack.decodes[0].stats().await["kv_fetched"], 40);
 }
+
+/// One PD chat request (`stream` or not) with a 20 s client timeout: its
+/// status (0: none) and how long it took.
+async fn pd_request(stack: &Stack, tag: &str, stream: bool) -> (u16, Duration, String) {
+    let started = Instant::now();
+    let r = reqwest::Client::new()
+        .post(stack.url("/v1/chat/completions"))
+        .json(&json!({
+            "model": "m",
+            "max_tokens": 2,
+            "stream": stream,
+            "messages": [{"role": "user", "content": tag}],
+        }))
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await;
+    let (status, text) = match r {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap_or_default())
+        }
+        Err(e) => (0, e.to_string()),
+    };
+    (status, started.elapsed(), text)
+}
+
+#[tokio::test]
+async fn pd_questions_that_fall_back_from_the_stream_get_their_local_prefills_outcome() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("the session stream is the wasm filter's");
+        return;
+    }
+    let mut stack = Stack::start(StackOptions {
+        pd: Some(sglang_envoy_e2e::PdOptions::default()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            stack.metric("sgl_router_filter_sessions").await == 1.0
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    // Frozen: each question waits on the stream until its deadline, which
+    // the root context's tick finds; the fallback then runs as the root,
+    // and so does the prefill half the filter sends itself. Its outcome
+    // must still reach the request, whose decode answer's head waits for
+    // it (once, that outcome went to the root and was dropped: the client
+    // waited for ever).
+    assert!(stack.signal_control_plane("STOP"));
+    for (i, stream) in [false, true].into_iter().enumerate() {
+        let (status, took, text) = pd_request(&stack, &format!("frozen {i}"), stream).await;
+        assert_eq!(status, 200, "took {took:?}: {text}");
+        assert!(!text.contains("\"error\""), "{text}");
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+    }
+
+    // Killed while a question waits: the broken stream sends it to the
+    // fallback at once, again as the root.
+    let waiting = {
+        let stack_url = stack.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = reqwest::Client::new()
+                .post(stack_url)
+                .json(&json!({
+                    "model": "m",
+                    "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "waiting"}],
+                }))
+                .timeout(Duration::from_secs(20))
+                .send()
+                .await;
+            let status = match r {
+                Ok(r) => r.status().as_u16(),
+                Err(_) => 0,
+            };
+            (status, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    stack.kill_control_plane();
+    let (status, took) = waiting.await.unwrap();
+    assert_eq!(status, 200, "took {took:?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    // The prefill halves came from the filter (its request ids end so).
+    let local = stack.prefills[0]
+        .requests()
+        .await
+        .iter()
+        .filter(|r| r["body"].as_str().is_some_and(|b| b.contains("-envoy\"")))
+        .count();
+    assert_eq!(local, 3, "prefill halves sent by the filter");
+}
