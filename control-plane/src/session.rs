@@ -112,10 +112,6 @@ impl Session {
             }
             // Taken by `run`, which waits for the prefill in a task.
             Kind::Prefill(_) => None,
-            Kind::Prefilled(ticket) => {
-                self.engine.prefilled(ticket);
-                None
-            }
         }
     }
 
@@ -217,40 +213,6 @@ mod tests {
         let ack = s.take(end(8, true)).unwrap();
         assert!(ack.ended && ack.route.is_none());
         assert_eq!(ack.ticket, 8);
-    }
-
-    #[tokio::test]
-    async fn a_prefilled_ticket_leaves_the_queued_work_and_keeps_its_load() {
-        use crate::engine::Policies;
-        use sglang_envoy_core::policy::{CostAware, CostAwareConfig};
-        let engine = Arc::new(crate::engine::tests::engine_with_policies(
-            EngineOptions::default(),
-            &[(1, WorkerSpec::REGULAR, None)],
-            Policies::same(Arc::new(CostAware::new(CostAwareConfig::default()))),
-        ));
-        let health = Arc::new(HealthChecker::new(
-            engine.registry().clone(),
-            &Args::parse_from(["cp"]),
-            reqwest::Client::new(),
-        ));
-        let mut s = Session::new(engine.clone(), health);
-        let work =
-            |e: &Engine| -> u64 { e.registry().all().iter().map(|w| w.pending_work()).sum() };
-        let mut q = question(3);
-        if let Some(Kind::Route(r)) = &mut q.kind {
-            r.path = "/v1/completions".into();
-            r.routing_text = b"a prompt long enough to be work".to_vec();
-        }
-        s.take(q);
-        assert!(work(&engine) > 0);
-        let up = SessionUp {
-            kind: Some(Kind::Prefilled(3)),
-            ack_end: false,
-        };
-        assert_eq!(s.take(up), None, "no answer");
-        assert_eq!((load(&engine), work(&engine)), (1, 0));
-        s.take(end(3, false));
-        assert_eq!((load(&engine), work(&engine)), (0, 0));
     }
 
     #[tokio::test]

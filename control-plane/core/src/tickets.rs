@@ -175,22 +175,6 @@ impl Tickets {
         }
     }
 
-    /// Open `ticket`'s prefill ended (its answer's first bytes arrived):
-    /// its estimated prefill work leaves its unit's queue now, and its end
-    /// releases only the rest. False when the ticket is not open.
-    pub fn prefilled(&self, ticket: u64) -> bool {
-        let Some(mut slot) = self.slots.get_mut(&ticket) else {
-            return false;
-        };
-        match slot.value_mut() {
-            Slot::Open { held, .. } => {
-                held.worker.release_work(std::mem::take(&mut held.work));
-                true
-            }
-            Slot::Ended { .. } => false,
-        }
-    }
-
     /// The prefill half of open `ticket`, to wait for its outcome.
     pub fn prefill(&self, ticket: u64) -> Option<PrefillHandle> {
         match self.slots.get(&ticket)?.value() {
@@ -279,24 +263,6 @@ mod tests {
             (0, 0, 0),
             "a refused decision is released"
         );
-    }
-
-    #[test]
-    fn a_prefilled_ticket_stops_counting_its_work_but_not_its_load() {
-        let t = Tickets::default();
-        let w = workers(1).remove(0);
-        assert!(t.open(4, Held::start(w.clone(), 100, None)));
-        assert!(t.open(5, Held::start(w.clone(), 30, None)));
-        assert_eq!((w.load(), w.pending_work()), (2, 130));
-        assert!(t.prefilled(4));
-        assert_eq!((w.load(), w.pending_work()), (2, 30));
-        // Told twice (or late): nothing more is taken.
-        assert!(t.prefilled(4));
-        assert!(!t.prefilled(99));
-        assert_eq!(w.pending_work(), 30);
-        // The end releases the load and only the work still held.
-        t.close(4).expect("open").release();
-        assert_eq!((w.load(), w.pending_work()), (1, 30));
     }
 
     #[test]

@@ -285,14 +285,6 @@ impl Engine {
         failed_over.then_some(worker)
     }
 
-    /// A streamed request's first bytes arrived, so its prefill is over:
-    /// the policies stop counting its prefill work as queued on its worker
-    /// (the request itself counts until it ends). Unknown tickets are
-    /// ignored.
-    pub fn prefilled(&self, ticket: u64) {
-        self.tickets.prefilled(ticket);
-    }
-
     /// Releases a request whose end will never be reported where it was
     /// counted (the filter's session stream it was answered on ended), as
     /// if it had ended with nothing to say about its worker. True when it

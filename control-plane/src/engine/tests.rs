@@ -29,7 +29,7 @@ pub(crate) fn engine_with(
 }
 
 /// Like [`engine_with`], with these policies.
-pub(crate) fn engine_with_policies(
+fn engine_with_policies(
     options: EngineOptions,
     servers: &[(u16, WorkerSpec, Option<u32>)],
     policies: Policies,

@@ -161,12 +161,6 @@ impl Lifecycle {
                 report: None,
             };
         };
-        if ok && head.sse && self.load == Load::Counted && self.mode == Mode::Regular {
-            // SGLang sends a stream's head at once and its first event
-            // after the prefill (PD mode's prefill half is timed by the
-            // control plane itself).
-            self.load = Load::Prefilling;
-        }
         match std::mem::replace(answer, Answer::Pass) {
             Answer::PrefillRunning { merge } => {
                 *answer = Answer::HeadHeld {
@@ -197,7 +191,7 @@ impl Lifecycle {
                 // A failed answer counts against its workers at once; not
                 // in PD mode, where a decode's failure may be its
                 // prefill's: the end tells.
-                let report = (matches!(self.load, Load::Counted | Load::Prefilling)
+                let report = (self.load == Load::Counted
                     && self.mode == Mode::Regular
                     && is_worker_failure(head.status))
                 .then(|| self.completion(&facts(), true))
@@ -208,18 +202,6 @@ impl Lifecycle {
                 }
             }
         }
-    }
-
-    /// Bytes of the answer's body arrived. The first of an event stream
-    /// mark the end of the worker's prefill: returns the ticket to tell the
-    /// control plane so (once), so that its policies stop counting that
-    /// prefill as work queued on the worker.
-    pub fn on_answer_bytes(&mut self) -> Option<u64> {
-        if self.load != Load::Prefilling {
-            return None;
-        }
-        self.load = Load::Counted;
-        Some(self.ticket())
     }
 
     /// The prefill half's outcome arrived.

@@ -49,7 +49,7 @@ impl Lifecycle {
     /// as the answer's last byte leaves, before the client can ask for the
     /// loads, and again when the stream is gone).
     pub fn end(&mut self, facts: &EndFacts) -> Option<Completion> {
-        if !matches!(self.load, Load::Counted | Load::Prefilling) {
+        if self.load != Load::Counted {
             return None;
         }
         self.load = Load::Released;

@@ -183,9 +183,6 @@ pub(crate) enum Load {
     /// A question was sent: the control plane may count load from then
     /// on, so the end must be reported.
     Counted,
-    /// Counted, and the answer is an event stream whose first bytes (the
-    /// end of the worker's prefill) have not come yet.
-    Prefilling,
     /// The end was reported.
     Released,
 }

@@ -376,39 +376,6 @@ fn sse_is_watched_to_its_end_and_a_hang_up_is_a_cancel() {
     assert!(!c.client_cancelled && !c.local_reply);
 }
 
-#[test]
-fn the_first_bytes_of_a_stream_tell_its_prefill_ended_once() {
-    let mut lc = forwarded(false, false, false);
-    assert_eq!(lc.on_answer_bytes(), None, "no head yet");
-    lc.on_response_head(ok_head(true), upstream);
-    assert_eq!(lc.on_answer_bytes(), Some(7));
-    assert_eq!(lc.on_answer_bytes(), None, "once");
-    // The end is still reported, once.
-    assert!(lc.end(&upstream()).is_some());
-    assert!(lc.end(&upstream()).is_none());
-    // A stream that ends before any byte still reports its end.
-    let mut lc = forwarded(false, false, false);
-    lc.on_response_head(ok_head(true), upstream);
-    assert!(lc.end(&upstream()).is_some());
-    assert_eq!(lc.on_answer_bytes(), None, "nothing after the end");
-    // A JSON answer, an error or PD mode says nothing.
-    let mut lc = forwarded(false, false, false);
-    lc.on_response_head(ok_head(false), upstream);
-    assert_eq!(lc.on_answer_bytes(), None);
-    let mut lc = forwarded(false, false, false);
-    let failed = ResponseHead {
-        status: 503,
-        sse: true,
-        end_of_stream: false,
-    };
-    lc.on_response_head(failed, upstream);
-    assert_eq!(lc.on_answer_bytes(), None);
-    let mut lc = forwarded(true, false, false);
-    lc.on_prefill(prefill_ok(""));
-    lc.on_response_head(ok_head(true), upstream);
-    assert_eq!(lc.on_answer_bytes(), None);
-}
-
 // ---- PD: the prefill's outcome and the answer's head, in every order ----
 
 #[test]

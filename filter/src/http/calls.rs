@@ -116,19 +116,6 @@ impl Request {
         false
     }
 
-    /// Tells the control plane that `ticket`'s prefill ended (its stream's
-    /// first bytes came). Best effort: without a session the end releases
-    /// the prefill's work with the rest.
-    pub(super) fn report_prefilled(&mut self, ticket: u64) {
-        let up = SessionUp {
-            kind: Some(Kind::Prefilled(ticket)),
-            ack_end: false,
-        };
-        self.shared
-            .session
-            .report(self.context_id, &up.encode_to_vec());
-    }
-
     /// Calls `method` of the control plane with `message`; false when it
     /// cannot be sent.
     fn call(&mut self, method: &str, message: &[u8], timeout: Duration, call: Call) -> bool {

@@ -271,11 +271,6 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        if size > 0 {
-            if let Some(ticket) = self.lc.on_answer_bytes() {
-                self.report_prefilled(ticket);
-            }
-        }
         // Envoy's buffer starts with what we held back before.
         let chunk = if self.lc.needs_response_bytes() {
             let fresh = size.saturating_sub(self.response_held);

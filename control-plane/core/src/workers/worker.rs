@@ -258,12 +258,6 @@ impl Worker {
     /// Counts a request started with `work` as finished.
     pub fn finish(&self, work: u64) {
         self.decrement_load();
-        self.release_work(work);
-    }
-
-    /// Takes `work` bytes of prefill off the queued estimate (a request's
-    /// prefill ended before the request did); never below zero.
-    pub fn release_work(&self, work: u64) {
         let _ = self
             .work
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
