@@ -231,6 +231,19 @@ pub struct StreamOutcome {
     pub cached_tokens: u64,
     /// HTTP status (0 when the request failed before an answer).
     pub status: u16,
+    /// Why the request failed, if it did: no answer, a non-2xx status, an
+    /// error event in the stream, a stream that ended without `[DONE]`, or
+    /// one cut at the end of the drain. A failed request keeps its TTFT in
+    /// the percentiles when it had one (or its wait, when cut).
+    pub failure: Option<String>,
+}
+
+impl StreamOutcome {
+    fn fail(&mut self, why: impl Into<String>) {
+        if self.failure.is_none() {
+            self.failure = Some(why.into());
+        }
+    }
 }
 
 /// Replays `schedule` (open loop: each request leaves at its time whatever
@@ -254,10 +267,14 @@ pub async fn open_loop(
             let sent = Instant::now();
             let mut out = StreamOutcome::default();
             let run = stream_one(&client, &url, s.body.clone(), sent, &mut out);
-            if tokio::time::timeout_at(deadline, run).await.is_err() && out.ttft_ms.is_none() {
-                // Cut before the first token: count the wait so far as a
-                // lower bound, so that cut requests weigh in the percentiles.
-                out.ttft_ms = Some(sent.elapsed().as_secs_f64() * 1e3);
+            if tokio::time::timeout_at(deadline, run).await.is_err() {
+                out.fail("cut at the end of the drain");
+                if out.ttft_ms.is_none() {
+                    // Cut before the first token: count the wait so far as
+                    // a lower bound, so that cut requests weigh in the
+                    // percentiles.
+                    out.ttft_ms = Some(sent.elapsed().as_secs_f64() * 1e3);
+                }
             }
             (out, Instant::now())
         }));
@@ -288,17 +305,22 @@ async fn stream_one(
         .await
     {
         Ok(r) => r,
-        Err(_) => return,
+        Err(e) => return out.fail(format!("no answer: {e}")),
     };
     out.status = resp.status().as_u16();
     if !resp.status().is_success() {
         let _ = resp.bytes().await;
-        return;
+        // Its wait counts in the TTFT percentiles: a refusal is not fast
+        // service.
+        out.ttft_ms = Some(sent.elapsed().as_secs_f64() * 1e3);
+        return out.fail(format!("status {}", out.status));
     }
     let mut stream = resp.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
     while let Some(chunk) = stream.next().await {
-        let Ok(chunk) = chunk else { return };
+        let Ok(chunk) = chunk else {
+            return out.fail("the stream broke");
+        };
         buf.extend_from_slice(&chunk);
         // Events end with a blank line.
         while let Some(end) = find(&buf, b"\n\n") {
@@ -315,6 +337,11 @@ async fn stream_one(
                 let Ok(v) = serde_json::from_slice::<Value>(data) else {
                     continue;
                 };
+                if v.get("error").is_some_and(|e| !e.is_null()) {
+                    // SGLang and the routers report a failure that happens
+                    // after the 200 as an error event in the stream.
+                    out.fail(format!("error event: {}", v["error"]));
+                }
                 if out.ttft_ms.is_none() && has_content(&v) {
                     out.ttft_ms = Some(sent.elapsed().as_secs_f64() * 1e3);
                 }
@@ -322,7 +349,9 @@ async fn stream_one(
             }
         }
     }
-    // The stream ended without [DONE]: count the end anyway if content came.
+    // The stream ended without [DONE]: a failure, whose end counts anyway if
+    // content came.
+    out.fail("the stream ended without [DONE]");
     if out.ttft_ms.is_some() {
         out.e2e_ms = Some(sent.elapsed().as_secs_f64() * 1e3);
     }
