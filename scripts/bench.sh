@@ -11,7 +11,10 @@
 #   scripts/bench.sh --scenarios quality --only cache_aware
 #
 # Options: --quick, --scenarios overhead,quality,engine, --only LABEL[,LABEL]
-# (contenders whose label contains one of these), --out FILE.
+# (contenders whose label contains one of these), --shapes NAME[,NAME]
+# (scenario 2's shapes whose name contains one), --out FILE, --update (with
+# --scenarios quality: replace scenario 2 and its goals in docs/benchmarks.md,
+# keeping the rest, which says which run it came from).
 # Every parameter is in tests/bench/src/params.rs.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -25,6 +28,8 @@ quick=0
 scenarios="overhead,quality,engine"
 only=""
 out=""
+update=0
+shapes=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -34,6 +39,8 @@ while [ $# -gt 0 ]; do
     --only=*) only="${1#*=}" ;;
     --out) out="$2"; shift ;;
     --out=*) out="${1#*=}" ;;
+    --update) update=1 ;;
+    --shapes) shapes="$2"; shift ;;
     -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -68,6 +75,8 @@ mkdir -p "$RUN_DIR" "$(dirname "$out")"
 args=(--scenarios "$scenarios" --run-dir "$RUN_DIR" --out "$out")
 [ "$quick" = 1 ] && args+=(--quick)
 [ -n "$only" ] && args+=(--only "$only")
+[ "$update" = 1 ] && args+=(--update "$ROOT/docs/benchmarks.md")
+[ -n "$shapes" ] && args+=(--shapes "$shapes")
 
 if [[ ",$scenarios," == *",engine,"* ]]; then
   export SGLANG_BENCH_QUICK="$quick"

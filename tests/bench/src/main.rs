@@ -9,11 +9,13 @@ use std::process::Command;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use sglang_envoy_bench::params::{Profile, OVERHEAD, PD, PEER_PACKAGE, QUALITY};
+use sglang_envoy_bench::params::{
+    Profile, OVERHEAD, PD, PEER_PACKAGE, QUALITY, QUALITY_CANDIDATES,
+};
 use sglang_envoy_bench::procs::Paths;
 use sglang_envoy_bench::report::{self, Inputs, RunInfo};
 use sglang_envoy_bench::results::{read_criterion, EngineResults};
-use sglang_envoy_bench::scenarios;
+use sglang_envoy_bench::{quality, scenarios};
 
 /// A scenario of the issue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -67,6 +69,13 @@ struct Cli {
     /// Write the report here too (e.g. docs/benchmarks.md).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Scenario 2: only the shapes whose name contains one of these.
+    #[arg(long, value_delimiter = ',')]
+    shapes: Vec<String>,
+    /// Replace scenario 2 and its goals in this report (written by an
+    /// earlier full run), keeping everything else.
+    #[arg(long)]
+    update: Option<PathBuf>,
 }
 
 fn output(cmd: &str, args: &[&str]) -> Option<String> {
@@ -233,8 +242,15 @@ async fn main() -> anyhow::Result<()> {
     }
     if cli.scenarios.contains(&Scenario::Quality) {
         eprintln!("==> scenario 2: routing quality");
-        let contenders: Vec<_> = QUALITY.iter().filter(keep).copied().collect();
-        let rows = scenarios::quality(&paths, &profile.quality, &contenders).await?;
+        // Tuning candidates run only when `--only` names them.
+        let candidates = QUALITY_CANDIDATES.iter().filter(|_| !cli.only.is_empty());
+        let contenders: Vec<_> = QUALITY
+            .iter()
+            .chain(candidates)
+            .filter(keep)
+            .copied()
+            .collect();
+        let rows = quality::matrix(&paths, &profile.quality, &contenders, &cli.shapes).await?;
         save(&paths.run_dir, "quality.json", &rows)?;
         inputs.quality = Some(rows);
     }
@@ -264,6 +280,13 @@ async fn main() -> anyhow::Result<()> {
     let info = run_info(&cli, &paths);
     let doc = report::render(&info, &inputs, &profile);
     println!("{doc}");
+    if let Some(path) = &cli.update {
+        let old =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let new = report::splice_quality(&old, &info, &inputs, &profile)?;
+        std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("updated scenario 2 in {}", path.display());
+    }
     if let Some(out) = &cli.out {
         std::fs::write(out, &doc).with_context(|| format!("writing {}", out.display()))?;
         eprintln!("wrote {}", out.display());

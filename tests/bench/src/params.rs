@@ -74,18 +74,26 @@ pub const PD: &[Contender] = &[
     Contender::ours("cache_aware"),
 ];
 
-/// Scenario 2 contenders, run one after the other on fresh workers. The first
-/// peer entry is the reference the goals compare against.
+/// Scenario 2 contenders, run in every cell of the workload matrix
+/// ([`crate::shapes`]) on fresh workers: this project's `cost_aware` and the
+/// three peer policies its goals compare against. The first peer entry is
+/// the reference of the "0.8x the peer's cache_aware" goal.
 pub const QUALITY: &[Contender] = &[
     Contender::peer("cache_aware"),
     Contender::ours("cost_aware"),
-    Contender::ours("cache_aware"),
-    Contender::ours("power_of_two"),
-    Contender::ours("round_robin"),
-    Contender::ours("random"),
     Contender::peer("round_robin"),
-    Contender::peer("random"),
+    Contender::peer("power_of_two"),
 ];
+
+/// Candidates for tuning `cost_aware`, not in the matrix: `--only` runs
+/// those it names (`--only "ours cost_aware"` runs them beside the shipped
+/// one). A policy may carry flags of its own, as these do.
+pub const QUALITY_CANDIDATES: &[Contender] = &[Contender::ours("cost_aware --cost-queue-weight 1")];
+
+/// Seeds of scenario 2: every cell runs once per seed (workload text,
+/// arrivals and users all change with it), and the report shows the mean
+/// and the spread over them.
+pub const QUALITY_SEEDS: &[u64] = &[SEED, SEED + 1, SEED + 2];
 
 /// Scenario 1: router overhead in front of a worker that answers at once
 /// (`bench-instant-worker`: reads the body, answers a fixed completion).
@@ -173,7 +181,9 @@ impl PdParams {
     }
 }
 
-/// Scenario 2: routing quality on a multi-turn chat workload.
+/// Scenario 2: routing quality on a multi-turn chat workload. These are
+/// the base shape's numbers ("many groups"); [`crate::shapes::matrix`]
+/// derives every other shape from them.
 ///
 /// Sizing (the simulator's toy tokenizer makes 4 characters one token):
 /// a system prompt is 6000 chars = 1500 tokens = 0.6 s of prefill at
@@ -191,7 +201,8 @@ impl PdParams {
 pub struct QualityParams {
     /// Simulated workers.
     pub workers: usize,
-    /// Distinct long system prompts, each shared by a group of users.
+    /// Distinct long system prompts, each shared by a group of users; 0
+    /// gives every user a system prompt of their own (nothing is shared).
     pub system_prompts: usize,
     /// Characters of each system prompt.
     pub system_prompt_chars: usize,
@@ -208,6 +219,8 @@ pub struct QualityParams {
     pub min_think: Duration,
     /// Mean Poisson arrival rate, requests per second.
     pub rate: f64,
+    /// How arrivals are spread in time.
+    pub arrivals: Arrivals,
     /// Arrivals are generated for this long.
     pub duration: Duration,
     /// After the last arrival, requests still running get this long to end;
@@ -219,20 +232,57 @@ pub struct QualityParams {
     pub prefill_us_per_token: u64,
     /// Simulated time per generated token.
     pub decode_us_per_token: u64,
-    /// Prefix-cache capacity per worker, in tokens (LRU eviction).
+    /// Prefix-cache capacity per worker (per DP rank), in tokens (LRU
+    /// eviction).
     pub cache_tokens: usize,
+    /// Prefills a worker (a DP rank) runs at once; the others queue. Each
+    /// runs at full speed, so 4 is a worker with 4 times the prefill
+    /// throughput, not a batch.
+    pub max_running_prefills: usize,
+    /// Data-parallel ranks per worker (routers run `--dp-aware` above 1).
+    pub dp_size: usize,
+    /// The first worker's prefill and decode take this many times longer
+    /// (1: every worker is the same).
+    pub slow_first_worker: u64,
+    /// Prefill/decode disaggregation: `(prefill workers, decode workers)`
+    /// instead of `workers` regular ones.
+    pub pd: Option<(usize, usize)>,
+    /// How many of [`QUALITY_SEEDS`] each cell runs with.
+    pub seeds: usize,
+}
+
+/// How the arrivals of scenario 2 are spread in time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrivals {
+    /// Poisson at the mean rate.
+    Poisson,
+    /// Poisson during `on`, nothing during `off`, at the same mean rate
+    /// overall (so `(on + off) / on` times the rate while on).
+    Bursts {
+        /// Length of a burst.
+        on: Duration,
+        /// Quiet time after each burst.
+        off: Duration,
+    },
 }
 
 impl QualityParams {
-    /// Flags of each simulated worker.
-    pub fn sim_args(&self) -> Vec<String> {
-        vec![
+    /// Flags of simulated worker `i` (of the regular workers, or of the
+    /// prefill and then the decode workers in PD mode; the role flags come
+    /// on top).
+    pub fn sim_args(&self, i: usize) -> Vec<String> {
+        let slow = if i == 0 {
+            self.slow_first_worker.max(1)
+        } else {
+            1
+        };
+        let mut args = vec![
             "--prefill-us-per-token".into(),
-            self.prefill_us_per_token.to_string(),
+            (self.prefill_us_per_token * slow).to_string(),
             "--decode-us-per-token".into(),
-            self.decode_us_per_token.to_string(),
+            (self.decode_us_per_token * slow).to_string(),
             "--max-running-prefills".into(),
-            "1".into(),
+            self.max_running_prefills.to_string(),
             "--cache-tokens".into(),
             self.cache_tokens.to_string(),
             // The cache hit ratio is read from the workers' own counters;
@@ -241,7 +291,23 @@ impl QualityParams {
             "--enable-cache-report".into(),
             "--log-level".into(),
             "warn".into(),
-        ]
+        ];
+        if self.dp_size > 1 {
+            // SGLang before 0.5.10 reads `data_parallel_rank`, which both
+            // routers send; later versions read another field that the
+            // peer (0.3.2) does not know, which would make its DP-aware
+            // routing look worse than it is.
+            args.extend([
+                "--dp-size".into(),
+                self.dp_size.to_string(),
+                "--wire-profile".into(),
+                "seeds".into(),
+            ]);
+        }
+        if self.pd.is_some() {
+            args.extend(["--disaggregation-timeout-ms".into(), "10000".into()]);
+        }
+        args
     }
 }
 
@@ -325,12 +391,18 @@ impl Profile {
                 assistant_chars: 200,
                 min_think: Duration::from_secs(1),
                 rate: 36.0,
-                duration: Duration::from_secs(40),
-                drain: Duration::from_secs(20),
+                duration: Duration::from_secs(20),
+                drain: Duration::from_secs(15),
                 max_tokens: 16,
+                arrivals: Arrivals::Poisson,
                 prefill_us_per_token: 400,
                 decode_us_per_token: 20_000,
                 cache_tokens: 20_000,
+                max_running_prefills: 1,
+                dp_size: 1,
+                slow_first_worker: 1,
+                pd: None,
+                seeds: QUALITY_SEEDS.len(),
             },
             engine: EngineParams {
                 prompt_bytes: vec![256, 4096, 32 * 1024],
@@ -348,8 +420,9 @@ impl Profile {
         p.overhead.warmup = Duration::from_millis(300);
         p.overhead.measure = Duration::from_secs(1);
         p.overhead.rounds = 1;
-        p.quality.duration = Duration::from_secs(12);
+        p.quality.duration = Duration::from_secs(6);
         p.quality.drain = Duration::from_secs(8);
+        p.quality.seeds = 1;
         p.engine.fill_chars_per_worker = 64 << 10;
         p.engine.timed_decisions = 2_000;
         p

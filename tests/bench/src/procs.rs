@@ -174,9 +174,19 @@ impl Sims {
         args: &[String],
         tag: &str,
     ) -> anyhow::Result<Sims> {
+        Sims::start_each(paths, bin, &vec![args.to_vec(); n], tag).await
+    }
+
+    /// Starts one worker per entry of `args`, each with its own flags.
+    pub async fn start_each(
+        paths: &Paths,
+        bin: &Path,
+        args: &[Vec<String>],
+        tag: &str,
+    ) -> anyhow::Result<Sims> {
         let mut urls = Vec::new();
         let mut procs = Vec::new();
-        for i in 0..n {
+        for (i, args) in args.iter().enumerate() {
             let port = free_port()?;
             let mut all = vec!["--port".to_string(), port.to_string()];
             all.extend_from_slice(args);
@@ -292,6 +302,23 @@ pub async fn start_in_front(
     fleet: &Fleet,
     tag: &str,
 ) -> anyhow::Result<Running> {
+    start_with(paths, contender, fleet, &[], tag).await
+}
+
+/// [`start_in_front`] with `extra` flags for the router (the same spelling
+/// for both routers, e.g. `--dp-aware`).
+pub async fn start_with(
+    paths: &Paths,
+    contender: Contender,
+    fleet: &Fleet,
+    extra: &[String],
+    tag: &str,
+) -> anyhow::Result<Running> {
+    let fleet_args = || {
+        let mut a = fleet.router_args();
+        a.extend_from_slice(extra);
+        a
+    };
     match contender {
         Contender::Direct => match fleet {
             Fleet::Regular(workers) => Ok(Running {
@@ -300,15 +327,24 @@ pub async fn start_in_front(
             }),
             Fleet::Pd { .. } => bail!("`direct` has no meaning in front of a PD fleet"),
         },
-        Contender::Peer(policy) => start_peer(paths, policy, fleet, tag).await,
+        Contender::Peer(policy) => start_peer(paths, policy, &fleet_args(), tag).await,
         Contender::EnvoyAlone => {
             let tag = format!("{tag}-alone");
-            start_ours(paths, ENVOY_ALONE, "round_robin", fleet, &tag).await
+            start_ours(paths, ENVOY_ALONE, "round_robin", &fleet_args(), &tag).await
         }
-        Contender::Ours(policy) => start_ours(paths, "envoy/envoy.yaml", policy, fleet, tag).await,
+        Contender::Ours(policy) => {
+            start_ours(paths, "envoy/envoy.yaml", policy, &fleet_args(), tag).await
+        }
         Contender::OursExtProc(policy) => {
             let tag = format!("{tag}-extproc");
-            start_ours(paths, "envoy/envoy-ext-proc.yaml", policy, fleet, &tag).await
+            start_ours(
+                paths,
+                "envoy/envoy-ext-proc.yaml",
+                policy,
+                &fleet_args(),
+                &tag,
+            )
+            .await
         }
     }
 }
@@ -398,7 +434,7 @@ fn without_filter(template: &str) -> anyhow::Result<String> {
 async fn start_peer(
     paths: &Paths,
     policy: &str,
-    fleet: &Fleet,
+    fleet_args: &[String],
     tag: &str,
 ) -> anyhow::Result<Running> {
     let (port, metrics) = (free_port()?, free_port()?);
@@ -429,7 +465,7 @@ async fn start_peer(
     );
     args.push("--prometheus-port".into());
     args.push(metrics.to_string());
-    args.extend(fleet.router_args());
+    args.extend_from_slice(fleet_args);
     let mut p = Proc::spawn(
         &format!("{tag}-peer-{policy}"),
         &paths.peer_python,
@@ -453,21 +489,26 @@ async fn start_ours(
     paths: &Paths,
     template_path: &str,
     policy: &str,
-    fleet: &Fleet,
+    fleet_args: &[String],
     tag: &str,
 ) -> anyhow::Result<Running> {
     let (admin, grpc) = (free_port()?, free_port()?);
+    // A policy may carry its own flags: "cost_aware --cost-queue-weight 1".
+    let mut words = policy.split_whitespace();
     let mut args = vec![
         "--admin-port".to_string(),
         admin.to_string(),
         "--grpc-port".into(),
         grpc.to_string(),
         "--policy".into(),
-        policy.into(),
+        words.next().unwrap_or(policy).into(),
         "--log-level".into(),
         "warn".into(),
     ];
-    args.extend(fleet.router_args());
+    args.extend(words.map(str::to_string));
+    let policy = policy.split_whitespace().collect::<Vec<_>>().join("_");
+    let policy = policy.as_str();
+    args.extend_from_slice(fleet_args);
     let mut cp = Proc::spawn(
         &format!("{tag}-cp-{policy}"),
         &paths.control_plane,

@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::params::{engine_docs, QualityParams};
+use crate::params::{engine_docs, Arrivals, QualityParams};
 
 /// Words the generated text is made of: a small vocabulary gives text the
 /// shared substrings (and so the branching) of natural language.
@@ -170,29 +170,36 @@ struct User {
     last: Option<Duration>,
 }
 
-/// The scenario 2 schedule: Poisson arrivals at `p.rate` for `p.duration`;
-/// each arrival is the next turn of one of `p.active_users` conversations
-/// (one whose last turn is at least `p.min_think` old, chosen at random; the
-/// longest idle one when none is). A conversation is its group's system
-/// prompt, then user/assistant turns growing by one user message and one
-/// answer per turn. The assistant answers in the history are generated here,
-/// not read from the workers, so that the schedule does not depend on them.
+/// The scenario 2 schedule: Poisson arrivals at `p.rate` for `p.duration`
+/// (in bursts when `p.arrivals` says so); each arrival is the next turn of
+/// one of `p.active_users` conversations (one whose last turn is at least
+/// `p.min_think` old, chosen at random; the longest idle one when none is).
+/// A conversation is its group's system prompt (or one of its own when
+/// `p.system_prompts` is 0), then user/assistant turns growing by one user
+/// message and one answer per turn. The assistant answers in the history are
+/// generated here, not read from the workers, so that the schedule does not
+/// depend on them.
 pub fn conversation_schedule(p: &QualityParams, seed: u64) -> Vec<Scheduled> {
     let mut rng = StdRng::seed_from_u64(seed);
+    let system_text = |rng: &mut StdRng, name: String| {
+        let t = text(rng, p.system_prompt_chars.saturating_sub(40));
+        format!("You are assistant {name} of the team. {t}")
+    };
     let systems: Vec<String> = (0..p.system_prompts)
-        .map(|g| {
-            let t = text(&mut rng, p.system_prompt_chars.saturating_sub(40));
-            format!("You are assistant number {g} of the team. {t}")
-        })
+        .map(|g| system_text(&mut rng, format!("number {g}")))
         .collect();
     let mut next_id = 0;
     let mut new_user = |rng: &mut StdRng| {
-        let group = rng.random_range(0..systems.len().max(1));
         let id = next_id;
         next_id += 1;
+        let system = if systems.is_empty() {
+            system_text(rng, format!("of user {id}"))
+        } else {
+            systems[rng.random_range(0..systems.len())].clone()
+        };
         User {
             id,
-            history: vec![json!({"role": "system", "content": systems[group]})],
+            history: vec![json!({"role": "system", "content": system})],
             turns: 0,
             last: None,
         }
@@ -201,12 +208,29 @@ pub fn conversation_schedule(p: &QualityParams, seed: u64) -> Vec<Scheduled> {
         .map(|_| new_user(&mut rng))
         .collect();
 
+    // Arrivals are drawn in "active" time, where they are Poisson at
+    // `active_rate`, then laid onto the wall clock: with bursts, each `on`
+    // of active time is followed by `off` of nothing.
+    let (on, off) = match p.arrivals {
+        Arrivals::Poisson => (f64::INFINITY, 0.0),
+        Arrivals::Bursts { on, off } => (on.as_secs_f64().max(1e-3), off.as_secs_f64()),
+    };
+    let active_rate = if on.is_finite() {
+        p.rate * (on + off) / on
+    } else {
+        p.rate
+    };
     let mut out = Vec::new();
-    let mut t = 0.0f64;
+    let mut active = 0.0f64;
     loop {
         // Exponential inter-arrival times: -ln(U) / rate, U in (0, 1].
         let u: f64 = 1.0 - rng.random::<f64>();
-        t += -u.ln() / p.rate;
+        active += -u.ln() / active_rate;
+        let t = if on.is_finite() {
+            (active / on).floor() * (on + off) + active % on
+        } else {
+            active
+        };
         let at = Duration::from_secs_f64(t);
         if at >= p.duration {
             break;
@@ -356,6 +380,40 @@ mod tests {
         if let Some(second) = a.iter().find(|s| s.user == first.user && s.turn == 1) {
             assert!(second.body.len() > first.body.len());
         }
+    }
+
+    #[test]
+    fn bursts_keep_the_mean_rate_and_leave_the_off_time_empty() {
+        let mut q = Profile::full().quality;
+        q.duration = Duration::from_secs(60);
+        q.arrivals = Arrivals::Bursts {
+            on: Duration::from_secs(1),
+            off: Duration::from_secs(2),
+        };
+        let a = conversation_schedule(&q, 3);
+        let rate = a.len() as f64 / 60.0;
+        assert!((rate - q.rate).abs() < q.rate * 0.15, "rate {rate}");
+        assert!(a.iter().all(|s| s.at.as_secs_f64() % 3.0 < 1.0));
+    }
+
+    #[test]
+    fn without_shared_prompts_no_two_users_share_a_system_prompt() {
+        let mut q = Profile::full().quality;
+        q.system_prompts = 0;
+        q.turns_per_user = 1;
+        q.duration = Duration::from_secs(5);
+        let a = conversation_schedule(&q, 3);
+        let systems: std::collections::HashSet<String> = a
+            .iter()
+            .map(|s| {
+                let v: Value = serde_json::from_slice(&s.body).expect("json");
+                v["messages"][0]["content"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(systems.len(), a.len());
     }
 
     #[test]

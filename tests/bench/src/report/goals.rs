@@ -240,7 +240,6 @@ pub(super) fn pd_verdict(rows: &[PdRow]) -> Verdict {
 /// The goals of the issue, checked against `inputs`.
 pub fn verdicts(inputs: &Inputs, profile: &Profile) -> Vec<Verdict> {
     let mut out = Vec::new();
-    let peer = Contender::peer("cache_aware").label();
     if let Some(rows) = &inputs.overhead {
         for &b in &profile.overhead.body_bytes {
             overhead_verdicts(rows, b, &mut out);
@@ -253,37 +252,7 @@ pub fn verdicts(inputs: &Inputs, profile: &Profile) -> Vec<Verdict> {
         out.push(pd_verdict(rows));
     }
     if let Some(rows) = &inputs.quality {
-        let reference = rows.iter().find(|r| r.contender == peer);
-        for r in rows.iter().filter(|r| r.contender.starts_with("ours ")) {
-            let (measured, pass) = match reference {
-                Some(p) if p.ttft_ms.p95 > 0.0 => {
-                    let t = r.ttft_ms.p95 / p.ttft_ms.p95;
-                    let ok =
-                        t <= 0.8 && r.cache_hit_ratio >= p.cache_hit_ratio && r.max_min <= 1.25;
-                    (
-                        format!(
-                            "TTFT p95 {:.2}x ({}), hit {:.3} vs {:.3} ({}), max/min {:.2} ({})",
-                            t,
-                            mark(Some(t <= 0.8)),
-                            r.cache_hit_ratio,
-                            p.cache_hit_ratio,
-                            mark(Some(r.cache_hit_ratio >= p.cache_hit_ratio)),
-                            r.max_min,
-                            mark(Some(r.max_min <= 1.25)),
-                        ),
-                        Some(ok),
-                    )
-                }
-                _ => ("peer cache_aware missing".into(), None),
-            };
-            out.push(Verdict {
-                goal: format!("Quality, {}", r.contender),
-                target: "TTFT p95 <= 0.8x peer cache_aware, hit ratio >= peer's, max/min <= 1.25"
-                    .into(),
-                measured,
-                pass,
-            });
-        }
+        out.extend(super::quality::verdicts(rows, profile));
     }
     if let Some(e) = &inputs.engine {
         let cell = e

@@ -6,10 +6,12 @@
 use std::fmt::Write as _;
 
 use crate::params::{Contender, Profile};
+use crate::quality::QualityRow;
 use crate::results::{CriterionEstimate, EngineResults};
-use crate::scenarios::{OverheadRow, PdRow, QualityRow, StreamRow};
+use crate::scenarios::{OverheadRow, PdRow, StreamRow};
 
 mod goals;
+mod quality;
 #[cfg(test)]
 mod tests;
 
@@ -99,12 +101,85 @@ pub fn render(info: &RunInfo, inputs: &Inputs, profile: &Profile) -> String {
         render_pd(w, rows, profile);
     }
     if let Some(rows) = &inputs.quality {
-        render_quality(w, rows, profile);
+        quality::render(w, rows, profile);
     }
     if inputs.engine.is_some() || !inputs.criterion.is_empty() {
         render_engine(w, inputs, profile);
     }
     s
+}
+
+/// `old` (a whole report) with its scenario 2 section and its quality goals
+/// replaced by those of `inputs`, and a line saying they come from this
+/// later run. Fails when `inputs` has no scenario 2 or `old` lacks the
+/// sections to replace.
+pub fn splice_quality(
+    old: &str,
+    info: &RunInfo,
+    inputs: &Inputs,
+    profile: &Profile,
+) -> anyhow::Result<String> {
+    let rows = inputs
+        .quality
+        .as_deref()
+        .ok_or_else(|| anyhow::anyhow!("no scenario 2 results to splice"))?;
+    let mut section = String::new();
+    quality::render(&mut section, rows, profile);
+    let note = format!(
+        "*This section and the `Quality` goals come from a later run than the rest \
+         of this document: {}, this project {}, `{} --scenarios quality --update`.*\n\n",
+        info.date,
+        info.versions
+            .iter()
+            .find(|(k, _)| k == "this project")
+            .map_or("unknown", |(_, v)| v.as_str()),
+        info.command
+    );
+    let section = section.replacen("\n\n", &format!("\n\n{note}"), 1);
+    let start = old
+        .find("## Scenario 2")
+        .ok_or_else(|| anyhow::anyhow!("no '## Scenario 2' section to replace"))?;
+    let end = old[start + 3..]
+        .find("\n## ")
+        .map_or(old.len(), |i| start + 3 + i + 1);
+    let body = format!("{}{}{}", &old[..start], section, &old[end..]);
+    // The goals table: drop the old quality rows, add the new ones after
+    // the last remaining row.
+    let goal_rows: Vec<String> = quality::verdicts(rows, profile)
+        .iter()
+        .map(|v| {
+            format!(
+                "| {} | {} | {} | **{}** |",
+                v.goal,
+                v.target,
+                v.measured,
+                mark(v.pass)
+            )
+        })
+        .collect();
+    let mut out: Vec<String> = Vec::new();
+    let mut in_goals = false;
+    let mut inserted = false;
+    for line in body.lines() {
+        if line.starts_with("## Goals") {
+            in_goals = true;
+        } else if in_goals && line.starts_with("| Quality,") {
+            continue;
+        } else if in_goals
+            && !inserted
+            && line.trim().is_empty()
+            && out.last().is_some_and(|l| l.starts_with('|'))
+        {
+            out.extend(goal_rows.iter().cloned());
+            inserted = true;
+            in_goals = false;
+        }
+        out.push(line.to_string());
+    }
+    if !inserted {
+        anyhow::bail!("no goals table to put the quality goals in");
+    }
+    Ok(out.join("\n") + "\n")
 }
 
 fn render_overhead(w: &mut String, rows: &[OverheadRow], profile: &Profile) {
@@ -297,72 +372,6 @@ fn render_pd(w: &mut String, rows: &[PdRow], profile: &Profile) {
                 .map_or(String::new(), |c| format!("{c:.0}")),
             r.errors,
             r.note.as_deref().unwrap_or("").replace('|', "\\|")
-        );
-    }
-    let _ = writeln!(w);
-}
-
-fn render_quality(w: &mut String, rows: &[QualityRow], profile: &Profile) {
-    let q = &profile.quality;
-    let _ = writeln!(w, "## Scenario 2: routing quality\n");
-    let _ = writeln!(
-        w,
-        "{} simulated workers, each with one prefill at a time ({} us per uncached \
-         token, 4 characters per token), {} us per generated token, a {}-token \
-         prefix cache with LRU eviction. Multi-turn chat: {} long system prompts \
-         of {} characters, each shared by a group of users; {} users in \
-         conversation at a time, {} turns each (user messages of {}-{} \
-         characters, answers of {} kept in the history), at least {:?} between a \
-         user's turns, new users replacing finished ones. Poisson arrivals at {}/s \
-         for {:?} (fixed seed), streamed with usage; requests still running \
-         {:?} after the last arrival are cut (their TTFT counts as the wait so \
-         far). Workers are restarted for each contender. TTFT is the first \
-         streamed chunk with content, as the client sees it; `hit` is cached / \
-         prompt tokens from the workers' counters; `busy` is the prefill work \
-         the workers were given over the arrival period (above 100% queues \
-         grow); `max/min` is over requests per worker.\n",
-        q.workers,
-        q.prefill_us_per_token,
-        q.decode_us_per_token,
-        q.cache_tokens,
-        q.system_prompts,
-        q.system_prompt_chars,
-        q.active_users,
-        q.turns_per_user,
-        q.user_message_chars.0,
-        q.user_message_chars.1,
-        q.assistant_chars,
-        q.min_think,
-        q.rate,
-        q.duration,
-        q.drain
-    );
-    let _ = writeln!(
-        w,
-        "| contender | TTFT p50 ms | TTFT p95 ms | e2e p95 ms | hit | busy | max/min | per worker | done | TTFT p95 vs peer |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"
-    );
-    let peer = Contender::peer("cache_aware").label();
-    let reference = rows.iter().find(|r| r.contender == peer);
-    for r in rows {
-        let vs = match reference {
-            Some(p) if p.ttft_ms.p95 > 0.0 => format!("{:.2}x", r.ttft_ms.p95 / p.ttft_ms.p95),
-            _ => "".into(),
-        };
-        let _ = writeln!(
-            w,
-            "| {} | {:.0} | {:.0} | {:.0} | {:.3} | {:.0}% | {:.2} | {:?} | {}/{} | {} |",
-            r.contender,
-            r.ttft_ms.p50,
-            r.ttft_ms.p95,
-            r.e2e_ms.p95,
-            r.cache_hit_ratio,
-            r.busy * 100.0,
-            r.max_min,
-            r.per_worker,
-            r.completed,
-            r.requests,
-            vs
         );
     }
     let _ = writeln!(w);

@@ -2,6 +2,7 @@
 
 use super::goals::*;
 use super::*;
+use crate::quality::QualityRow;
 use crate::stats::Percentiles;
 
 fn row(c: Contender, bytes: usize, conc: usize, rps: f64, p50: f64, cpu: f64) -> OverheadRow {
@@ -232,4 +233,130 @@ fn report_has_the_new_tables() {
     ] {
         assert!(doc.contains(part), "{part}\n{doc}");
     }
+}
+
+fn q(
+    shape: &str,
+    seed: u64,
+    c: Contender,
+    p50: f64,
+    p95: f64,
+    hit: f64,
+    failed: usize,
+) -> QualityRow {
+    QualityRow {
+        shape: shape.into(),
+        seed,
+        contender: c.label(),
+        requests: 100,
+        completed: 100 - failed,
+        failed,
+        first_failure: (failed > 0).then(|| "status 503".to_string()),
+        ttft_ms: Percentiles {
+            p50,
+            p95,
+            ..Percentiles::default()
+        },
+        e2e_ms: Percentiles::default(),
+        cache_hit_ratio: hit,
+        per_worker: vec![25; 4],
+        max_min: 1.0,
+        busy: 0.5,
+    }
+}
+
+/// Two seeds of two shapes: "many groups" passes on the means although
+/// round_robin wins one seed's p50 and the peer's cache_aware lost a
+/// request; "few hot" fails on p50 (round_robin's mean is lower), on the
+/// hit ratio (0.02 under cache_aware's) and on a failed request of ours.
+fn matrix_rows() -> Vec<QualityRow> {
+    let (ca, rr, p2, us) = (
+        Contender::peer("cache_aware"),
+        Contender::peer("round_robin"),
+        Contender::peer("power_of_two"),
+        Contender::ours("cost_aware"),
+    );
+    vec![
+        q("many groups", 1, ca, 400.0, 1000.0, 0.90, 0),
+        q("many groups", 2, ca, 500.0, 1200.0, 0.92, 3),
+        q("many groups", 1, rr, 90.0, 900.0, 0.75, 0),
+        q("many groups", 2, rr, 300.0, 1100.0, 0.75, 0),
+        q("many groups", 1, p2, 900.0, 2000.0, 0.75, 0),
+        q("many groups", 2, p2, 900.0, 2000.0, 0.75, 0),
+        q("many groups", 1, us, 100.0, 600.0, 0.91, 0),
+        q("many groups", 2, us, 120.0, 700.0, 0.90, 0),
+        q("few hot", 1, ca, 700.0, 1100.0, 0.91, 0),
+        q("few hot", 1, rr, 95.0, 236.0, 0.85, 0),
+        q("few hot", 1, p2, 300.0, 900.0, 0.85, 0),
+        q("few hot", 1, us, 151.0, 214.0, 0.89, 1),
+    ]
+}
+
+#[test]
+fn quality_goals_use_the_mean_over_seeds_and_every_rule() {
+    let profile = Profile::full();
+    let inputs = Inputs {
+        quality: Some(matrix_rows()),
+        ..Inputs::default()
+    };
+    let v = verdicts(&inputs, &profile);
+    let many = by_goal(&v, "Quality, many groups");
+    assert_eq!(many.pass, Some(true), "{}", many.measured);
+    assert!(
+        many.measured.contains("p50 110 vs 195 (round_robin)"),
+        "{}",
+        many.measured
+    );
+    let few = by_goal(&v, "Quality, few hot");
+    assert_eq!(few.pass, Some(false));
+    for part in [
+        "p50 151 vs 95 (round_robin) FAIL",
+        "hit 0.890 vs 0.910 FAIL",
+        "failed 1 FAIL",
+    ] {
+        assert!(few.measured.contains(part), "{part}: {}", few.measured);
+    }
+    // Shapes that did not run have no verdict.
+    assert!(!v.iter().any(|v| v.goal.contains("long prompts")));
+}
+
+#[test]
+fn the_matrix_table_shows_the_spread_and_splices_into_an_old_report() {
+    let profile = Profile::full();
+    let inputs = Inputs {
+        quality: Some(matrix_rows()),
+        ..Inputs::default()
+    };
+    let doc = render(&RunInfo::default(), &inputs, &profile);
+    assert!(
+        doc.contains("| many groups | peer round_robin | 195 (90-300) | 1000 (900-1100) |"),
+        "{doc}"
+    );
+    let old = "# Benchmarks\n\n## Goals\n\n| goal | target | measured | result |\n| --- | --- | --- | --- |\n\
+               | Engine | x | y | **PASS** |\n| Quality, ours random | a | b | **FAIL** |\n\n\
+               ## Scenario 2: routing quality\n\nold table\n\n## Scenario 3: decision engine\n\nkept\n";
+    let info = RunInfo {
+        date: "2026-11-25 17:00 UTC".into(),
+        command: "scripts/bench.sh".into(),
+        versions: vec![("this project".into(), "abc1234".into())],
+        ..RunInfo::default()
+    };
+    let new = splice_quality(old, &info, &inputs, &profile).expect("splice");
+    assert!(
+        !new.contains("old table") && !new.contains("ours random"),
+        "{new}"
+    );
+    assert!(
+        new.contains("| Engine | x | y | **PASS** |\n| Quality, many groups |"),
+        "{new}"
+    );
+    assert!(
+        new.contains("## Scenario 3: decision engine\n\nkept\n"),
+        "{new}"
+    );
+    assert!(
+        new.contains("2026-11-25 17:00 UTC, this project abc1234"),
+        "{new}"
+    );
+    assert!(splice_quality("# nothing\n", &info, &inputs, &profile).is_err());
 }

@@ -1,0 +1,266 @@
+//! Scenario 2, routing quality: every contender on every workload shape of
+//! [`crate::shapes::matrix`] with every seed, each run on freshly started
+//! simulated workers (empty caches, zeroed counters).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::loadgen::{self, StreamOutcome};
+use crate::params::{Contender, QualityParams, QUALITY_SEEDS};
+use crate::procs::{self, free_port, Fleet, Paths, Sims};
+use crate::shapes::{self, Shape};
+use crate::stats::Percentiles;
+use crate::workload;
+
+/// The result of one contender on one shape with one seed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QualityRow {
+    /// Shape name ([`Shape::name`]).
+    pub shape: String,
+    /// Seed of the workload.
+    pub seed: u64,
+    /// Contender label.
+    pub contender: String,
+    /// Requests sent.
+    pub requests: usize,
+    /// Requests that streamed to `[DONE]` with a 2xx and no error event.
+    pub completed: usize,
+    /// Requests that did not ([`StreamOutcome::failure`]).
+    pub failed: usize,
+    /// One failure reason, for the log and the report.
+    pub first_failure: Option<String>,
+    /// Time to first content chunk, ms (failed and cut requests count with
+    /// their wait).
+    pub ttft_ms: Percentiles,
+    /// Time to the end of the stream, ms, of completed requests.
+    pub e2e_ms: Percentiles,
+    /// Cached / prompt tokens over the workers that prefill (their
+    /// `/_sim/stats`).
+    pub cache_hit_ratio: f64,
+    /// Inference requests each prefilling worker served.
+    pub per_worker: Vec<u64>,
+    /// Largest over smallest of `per_worker` (infinite when one got none).
+    pub max_min: f64,
+    /// Offered prefill load: uncached tokens x prefill time / (prefilling
+    /// workers x DP ranks x prefills at once x arrival period), the slow
+    /// worker counted as one. Above 1 the workers cannot keep up.
+    pub busy: f64,
+}
+
+/// The fleet of one run: the workers and how routers name them.
+struct Workers {
+    fleet: Fleet,
+    /// Workers that prefill (all, or the prefill half in PD mode): the
+    /// hit ratio and the balance are read from them.
+    prefill: Sims,
+    /// PD mode's decode workers.
+    _decode: Option<Sims>,
+}
+
+impl Workers {
+    async fn start(paths: &Paths, p: &QualityParams, tag: &str) -> anyhow::Result<Workers> {
+        match p.pd {
+            None => {
+                let args: Vec<Vec<String>> = (0..p.workers).map(|i| p.sim_args(i)).collect();
+                let prefill = Sims::start_each(paths, &paths.sim, &args, tag).await?;
+                Ok(Workers {
+                    fleet: Fleet::Regular(prefill.urls.clone()),
+                    prefill,
+                    _decode: None,
+                })
+            }
+            Some((n_prefill, n_decode)) => {
+                let ports: Vec<u16> = (0..n_prefill)
+                    .map(|_| free_port())
+                    .collect::<anyhow::Result<_>>()?;
+                let role = |i: usize, mode: &str, port: u16| {
+                    let mut a = p.sim_args(i);
+                    a.extend([
+                        "--disaggregation-mode".to_string(),
+                        mode.to_string(),
+                        "--disaggregation-bootstrap-port".into(),
+                        port.to_string(),
+                    ]);
+                    a
+                };
+                let prefill_args: Vec<Vec<String>> = ports
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &port)| role(i, "prefill", port))
+                    .collect();
+                // A decode's own bootstrap port is only its default for
+                // requests that name none; the routers always name one.
+                let decode_args: Vec<Vec<String>> = (0..n_decode)
+                    .map(|i| role(n_prefill + i, "decode", ports[0]))
+                    .collect();
+                let prefill =
+                    Sims::start_each(paths, &paths.sim, &prefill_args, &format!("{tag}-prefill"))
+                        .await?;
+                let decode =
+                    Sims::start_each(paths, &paths.sim, &decode_args, &format!("{tag}-decode"))
+                        .await?;
+                Ok(Workers {
+                    fleet: Fleet::Pd {
+                        prefills: prefill.urls.iter().cloned().zip(ports).collect(),
+                        decodes: decode.urls.clone(),
+                    },
+                    prefill,
+                    _decode: Some(decode),
+                })
+            }
+        }
+    }
+}
+
+/// Router flags a shape needs on top of the fleet, the same for both
+/// routers.
+fn router_args(p: &QualityParams, c: Contender) -> Vec<String> {
+    let mut a = Vec::new();
+    if p.dp_size > 1 {
+        a.push("--dp-aware".to_string());
+    }
+    if p.pd.is_some() {
+        let policy = match c {
+            Contender::Peer(x) | Contender::Ours(x) | Contender::OursExtProc(x) => x,
+            Contender::Direct | Contender::EnvoyAlone => "round_robin",
+        };
+        a.extend([
+            "--prefill-policy".to_string(),
+            policy
+                .split_whitespace()
+                .next()
+                .unwrap_or(policy)
+                .to_string(),
+            "--decode-policy".into(),
+            "round_robin".into(),
+        ]);
+    }
+    a
+}
+
+/// Runs the matrix: for each shape and seed, every contender (in an order
+/// that rotates with the seed, so that none always runs first).
+/// With `only` not empty, just the shapes whose name contains one of
+/// its entries.
+pub async fn matrix(
+    paths: &Paths,
+    base: &QualityParams,
+    contenders: &[Contender],
+    only: &[String],
+) -> anyhow::Result<Vec<QualityRow>> {
+    let contenders: Vec<Contender> = contenders
+        .iter()
+        .copied()
+        .filter(|c| !matches!(c, Contender::Direct | Contender::EnvoyAlone))
+        .collect();
+    let seeds = &QUALITY_SEEDS[..base.seeds.clamp(1, QUALITY_SEEDS.len())];
+    let mut rows = Vec::new();
+    let wanted = |s: &Shape| only.is_empty() || only.iter().any(|o| s.name.contains(o.as_str()));
+    for shape in shapes::matrix(base).into_iter().filter(wanted) {
+        for (k, &seed) in seeds.iter().enumerate() {
+            let schedule = Arc::new(workload::conversation_schedule(&shape.params, seed));
+            eprintln!(
+                "  shape {:?}, seed {k}: {} requests over {:?}",
+                shape.name,
+                schedule.len(),
+                shape.params.duration
+            );
+            let mut order = contenders.clone();
+            let n = order.len().max(1);
+            order.rotate_left(k % n);
+            for c in order {
+                let row = cell(paths, &shape, seed, c, &schedule).await?;
+                eprintln!(
+                    "    {:<20} TTFT p50 {:>5.0} p95 {:>5.0} ms  hit {:.3}  max/min {:.2} {:?}  busy {:.0}%  failed {}{}",
+                    row.contender,
+                    row.ttft_ms.p50,
+                    row.ttft_ms.p95,
+                    row.cache_hit_ratio,
+                    row.max_min,
+                    row.per_worker,
+                    row.busy * 100.0,
+                    row.failed,
+                    row.first_failure.as_deref().map_or(String::new(), |f| format!(" ({f})"))
+                );
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+async fn cell(
+    paths: &Paths,
+    shape: &Shape,
+    seed: u64,
+    c: Contender,
+    schedule: &Arc<Vec<workload::Scheduled>>,
+) -> anyhow::Result<QualityRow> {
+    let p = &shape.params;
+    let tag = "quality";
+    let mut workers = Workers::start(paths, p, tag).await?;
+    let mut r = procs::start_with(paths, c, &workers.fleet, &router_args(p, c), tag).await?;
+    // Readiness probes are not inference requests; counters start at 0.
+    let url = format!("{}/v1/chat/completions", r.base);
+    let (outcomes, _span) = loadgen::open_loop(&url, Arc::clone(schedule), p.drain).await?;
+    r.check_alive()?;
+    workers.prefill.check_alive()?;
+    let stats = workers.prefill.stats().await?;
+    let row = summarise(shape, seed, c, &outcomes, &stats);
+    drop(r);
+    drop(workers);
+    // Let sockets and processes go before the next contender.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(row)
+}
+
+fn summarise(
+    shape: &Shape,
+    seed: u64,
+    c: Contender,
+    outcomes: &[StreamOutcome],
+    stats: &[serde_json::Value],
+) -> QualityRow {
+    let p = &shape.params;
+    let mut ttft: Vec<f64> = outcomes.iter().filter_map(|o| o.ttft_ms).collect();
+    let done: Vec<&StreamOutcome> = outcomes
+        .iter()
+        .filter(|o| o.failure.is_none() && o.e2e_ms.is_some())
+        .collect();
+    let mut e2e: Vec<f64> = done.iter().filter_map(|o| o.e2e_ms).collect();
+    let per_worker: Vec<u64> = stats
+        .iter()
+        .map(|s| s["requests_total"].as_u64().unwrap_or(0))
+        .collect();
+    let (prompt, cached) = stats.iter().fold((0u64, 0u64), |(p, c), s| {
+        (
+            p + s["prompt_tokens_total"].as_u64().unwrap_or(0),
+            c + s["cached_tokens_total"].as_u64().unwrap_or(0),
+        )
+    });
+    let max = per_worker.iter().copied().max().unwrap_or(0) as f64;
+    let min = per_worker.iter().copied().min().unwrap_or(0) as f64;
+    let busy_us = prompt.saturating_sub(cached) as f64 * p.prefill_us_per_token as f64;
+    let lanes = (per_worker.len() * p.dp_size.max(1) * p.max_running_prefills.max(1)) as f64;
+    QualityRow {
+        shape: shape.name.to_string(),
+        seed,
+        contender: c.label(),
+        requests: outcomes.len(),
+        completed: done.len(),
+        failed: outcomes.len() - done.len(),
+        first_failure: outcomes.iter().find_map(|o| o.failure.clone()),
+        ttft_ms: Percentiles::of(&mut ttft),
+        e2e_ms: Percentiles::of(&mut e2e),
+        cache_hit_ratio: if prompt > 0 {
+            cached as f64 / prompt as f64
+        } else {
+            0.0
+        },
+        max_min: if min > 0.0 { max / min } else { f64::INFINITY },
+        per_worker,
+        busy: busy_us / 1e6 / (lanes.max(1.0) * p.duration.as_secs_f64().max(1e-9)),
+    }
+}
