@@ -45,11 +45,10 @@ fn engine(pd: bool, dp: Option<u32>, cost: bool, limit: Option<usize>) -> Engine
         registry.set_healthy(&units[0], true);
     }
     let policy: Arc<dyn Policy> = if cost {
+        // The shipped weights, with a small tree so that eviction runs.
         Arc::new(CostAware::new(CostAwareConfig {
-            per_request_cost: 32,
             max_tree_size: 1 << 16,
-            min_match: 32,
-            queue_weight: 0.5,
+            ..CostAwareConfig::default()
         }))
     } else {
         Arc::new(CacheAware::new(CacheAwareConfig {
