@@ -124,6 +124,19 @@ worker_tls_from_flags() {
   export WORKER_CA_CERTS WORKER_CLIENT_CERT WORKER_CLIENT_KEY
 }
 
+# quickstart_policy CONTROL_PLANE_FLAGS...: prints `--policy cost_aware`
+# unless the flags choose a policy. The quick start routes with cost_aware,
+# which met its goal in 6 of the 9 workload shapes of docs/benchmarks.md and
+# was within 2-4% of the peer's cache_aware in two of the other three; the
+# control plane's own default stays sglang-router's cache_aware.
+quickstart_policy() {
+  local f
+  for f in "$@"; do
+    case "$f" in --policy|--policy=*) return 0 ;; esac
+  done
+  echo "--policy cost_aware"
+}
+
 # cors_from_flags CONTROL_PLANE_FLAGS...: exports CORS_ALLOWED_ORIGINS
 # (envoy/render.sh) from --cors-allowed-origins A [B...], which Envoy's CORS
 # filter answers for the control plane.

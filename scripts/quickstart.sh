@@ -28,6 +28,8 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT INT TERM
 
 cp_args=("$@")
+# shellcheck disable=SC2207 # two words, no globs
+cp_args+=($(quickstart_policy "$@"))
 if ! printf '%s\n' "$@" | grep -q -- '--worker-urls'; then
   urls=()
   for p in 31001 31002; do

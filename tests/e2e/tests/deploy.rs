@@ -1485,3 +1485,41 @@ fn compose_client_port_cannot_change_the_workers() {
         assert!(!read(f).contains("30010"), "{f} exposes the admin port");
     }
 }
+
+/// The quick start routes with cost_aware unless its flags choose a policy
+/// (scripts/lib.sh `quickstart_policy`, called by quickstart.sh).
+#[test]
+fn the_quick_start_routes_with_cost_aware_unless_told_otherwise() {
+    assert!(
+        read("scripts/quickstart.sh").contains("cp_args+=($(quickstart_policy \"$@\"))"),
+        "quickstart.sh adds the quick start's policy to the control plane's flags"
+    );
+    let policy = |flags: &[&str]| -> String {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg("source scripts/lib.sh && quickstart_policy \"$@\"")
+            .arg("quickstart_policy")
+            .args(flags)
+            .current_dir(root())
+            .output()
+            .expect("run bash");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(policy(&[]), "--policy cost_aware");
+    assert_eq!(
+        policy(&["--worker-urls", "http://a:1"]),
+        "--policy cost_aware"
+    );
+    assert_eq!(policy(&["--policy", "round_robin"]), "");
+    assert_eq!(policy(&["--policy=cache_aware"]), "");
+    // Not a flag of its own: the prefill half's policy leaves the default.
+    assert_eq!(
+        policy(&["--prefill-policy", "bucket"]),
+        "--policy cost_aware"
+    );
+}
