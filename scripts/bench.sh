@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
     --out=*) out="${1#*=}" ;;
     --update) update=1 ;;
     --shapes) shapes="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^# Every parameter/p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
