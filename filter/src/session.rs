@@ -56,6 +56,11 @@ pub enum Wait {
     Counted,
 }
 
+impl Wait {
+    /// Every kind: what a request may wait for, each at most once.
+    const ALL: [Wait; 3] = [Wait::Answer, Wait::Prefill, Wait::Counted];
+}
+
 /// A request waiting on the stream.
 #[derive(Debug, Clone, Copy)]
 struct Waiter {
@@ -158,7 +163,10 @@ impl Session {
 
     /// The request with `ticket` no longer waits (it ended).
     pub fn forget(&self, ticket: u64) {
-        self.0.borrow_mut().waiting.retain(|(t, _), _| *t != ticket);
+        let mut inner = self.0.borrow_mut();
+        for wait in Wait::ALL {
+            inner.waiting.remove(&(ticket, wait));
+        }
     }
 
     /// The request with `ticket` no longer waits for `wait` (it gave up).
@@ -302,15 +310,19 @@ mod tests {
         s.confirmed(token);
     }
 
+    /// `context` waits on `s` for the answer to `ticket`'s question.
     fn wait(s: &Session, ticket: u64, context: u32, deadline: SystemTime) {
+        wait_for(s, ticket, Wait::Answer, context, deadline);
+    }
+
+    /// `context` waits on `s` for `kind` of `ticket`.
+    fn wait_for(s: &Session, ticket: u64, kind: Wait, context: u32, deadline: SystemTime) {
         let waiter = Waiter {
             context,
-            wait: Wait::Answer,
+            wait: kind,
             deadline,
         };
-        s.0.borrow_mut()
-            .waiting
-            .insert((ticket, Wait::Answer), waiter);
+        s.0.borrow_mut().waiting.insert((ticket, kind), waiter);
     }
 
     #[test]
@@ -346,13 +358,8 @@ mod tests {
     fn a_prefill_wait_and_an_end_wait_of_one_request_both_get_their_answer() {
         let s = Session::new(1);
         up(&s, 7);
-        for wait in [Wait::Prefill, Wait::Counted] {
-            let waiter = Waiter {
-                context: 11,
-                wait,
-                deadline: at(50),
-            };
-            s.0.borrow_mut().waiting.insert((100, wait), waiter);
+        for kind in [Wait::Prefill, Wait::Counted] {
+            wait_for(&s, 100, kind, 11, at(50));
         }
         // The end's acknowledgement first, then the prefill's outcome: the
         // second wait was not lost to the first.
@@ -360,24 +367,14 @@ mod tests {
         assert_eq!(s.answered(100, Wait::Prefill), Some(11));
         assert_eq!(s.waiting(), 0);
         // A finished request forgets all its waits.
-        s.0.borrow_mut().waiting.insert(
-            (200, Wait::Prefill),
-            Waiter {
-                context: 12,
-                wait: Wait::Prefill,
-                deadline: at(50),
-            },
-        );
+        for kind in Wait::ALL {
+            wait_for(&s, 200, kind, 12, at(50));
+        }
         s.forget(200);
         assert_eq!(s.waiting(), 0);
         // A request that gives up one wait keeps the other.
-        for wait in [Wait::Answer, Wait::Counted] {
-            let waiter = Waiter {
-                context: 13,
-                wait,
-                deadline: at(50),
-            };
-            s.0.borrow_mut().waiting.insert((300, wait), waiter);
+        for kind in [Wait::Answer, Wait::Counted] {
+            wait_for(&s, 300, kind, 13, at(50));
         }
         s.forget_wait(300, Wait::Answer);
         assert_eq!(s.answered(300, Wait::Answer), None);
