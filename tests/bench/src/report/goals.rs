@@ -18,6 +18,19 @@ pub struct Verdict {
     pub pass: Option<bool>,
 }
 
+impl Verdict {
+    /// Its row in the report's goals table.
+    pub fn row(&self) -> String {
+        format!(
+            "| {} | {} | {} | **{}** |",
+            self.goal,
+            self.target,
+            self.measured,
+            mark(self.pass)
+        )
+    }
+}
+
 pub(super) fn mark(pass: Option<bool>) -> &'static str {
     match pass {
         Some(true) => "PASS",

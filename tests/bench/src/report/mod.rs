@@ -15,7 +15,7 @@ mod quality;
 #[cfg(test)]
 mod tests;
 
-use goals::{find_overhead, mark, size_label};
+use goals::{find_overhead, size_label};
 pub use goals::{verdicts, Verdict};
 
 /// Facts about the run, for the header.
@@ -79,14 +79,7 @@ pub fn render(info: &RunInfo, inputs: &Inputs, profile: &Profile) -> String {
             "| goal | target | measured | result |\n| --- | --- | --- | --- |"
         );
         for v in &verdicts {
-            let _ = writeln!(
-                w,
-                "| {} | {} | {} | **{}** |",
-                v.goal,
-                v.target,
-                v.measured,
-                mark(v.pass)
-            );
+            let _ = writeln!(w, "{}", v.row());
         }
         let _ = writeln!(w);
     }
@@ -147,15 +140,7 @@ pub fn splice_quality(
     // the last remaining row.
     let goal_rows: Vec<String> = quality::verdicts(rows, profile)
         .iter()
-        .map(|v| {
-            format!(
-                "| {} | {} | {} | **{}** |",
-                v.goal,
-                v.target,
-                v.measured,
-                mark(v.pass)
-            )
-        })
+        .map(Verdict::row)
         .collect();
     let mut out: Vec<String> = Vec::new();
     let mut in_goals = false;
