@@ -37,6 +37,24 @@ async fn homes_of_keys(stack: &Stack) -> (BTreeMap<String, BTreeSet<usize>>, usi
     (homes, served)
 }
 
+/// Whether the filter's session is up within `within` (one VM: one
+/// session).
+async fn session_up(stack: &Stack, within: Duration) -> bool {
+    wait_until(within, || async {
+        stack.metric("sgl_router_filter_sessions").await == 1.0
+    })
+    .await
+}
+
+/// A stack of `options` whose filter has its session and its worker list
+/// (polled every second), so that a fallback knows the workers.
+async fn stack_with_session_and_workers(options: StackOptions) -> Stack {
+    let stack = Stack::start(options).await.unwrap();
+    assert!(session_up(&stack, Duration::from_secs(5)).await);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    stack
+}
+
 #[tokio::test]
 async fn ten_thousand_answers_each_reach_the_request_that_asked() {
     // `manual`: a routing key's first request picks a worker and the key
@@ -121,12 +139,7 @@ async fn loads_read_zero_right_after_each_answer() {
     }
     let stack = Stack::with_workers(2).await;
     // Until its session is up, a VM reports ends in a batch every 20 ms.
-    assert!(
-        wait_until(Duration::from_secs(5), || async {
-            stack.metric("sgl_router_filter_sessions").await == 1.0
-        })
-        .await
-    );
+    assert!(session_up(&stack, Duration::from_secs(5)).await);
     // One client, kept alive: the loads are read within a millisecond or
     // so of the answer (a new client would take longer to build than a
     // batched report takes to go out).
@@ -191,20 +204,11 @@ async fn questions_waiting_on_a_frozen_or_killed_control_plane_fall_back_and_the
         eprintln!("the session stream is the wasm filter's; ext_proc has the outage suite");
         return;
     }
-    let mut stack = Stack::start(StackOptions {
+    let mut stack = stack_with_session_and_workers(StackOptions {
         policy: "round_robin".into(),
         ..Default::default()
     })
-    .await
-    .unwrap();
-    // The filter has its worker list and its session.
-    assert!(
-        wait_until(Duration::from_secs(5), || async {
-            stack.metric("sgl_router_filter_sessions").await == 1.0
-        })
-        .await
-    );
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    .await;
 
     // Frozen: the questions wait on the stream until their deadline
     // (route_timeout_ms, 500 ms), then fall back.
@@ -247,10 +251,7 @@ async fn questions_waiting_on_a_frozen_or_killed_control_plane_fall_back_and_the
     // Back: the session reopens and decisions are the control plane's again.
     stack.restart_control_plane().await.unwrap();
     assert!(
-        wait_until(Duration::from_secs(10), || async {
-            stack.metric("sgl_router_filter_sessions").await == 1.0
-        })
-        .await,
+        session_up(&stack, Duration::from_secs(10)).await,
         "the session did not come back"
     );
     let routed_before = stack.metric("sgl_router_requests_total").await;
@@ -321,12 +322,7 @@ async fn pd_requests_ask_and_wait_for_their_prefill_on_the_session() {
     })
     .await
     .unwrap();
-    assert!(
-        wait_until(Duration::from_secs(5), || async {
-            stack.metric("sgl_router_filter_sessions").await == 1.0
-        })
-        .await
-    );
+    assert!(session_up(&stack, Duration::from_secs(5)).await);
     // The worker list (polled every second) says PD: bodies go with the
     // first question, so no NeedBody round trip either.
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -390,19 +386,11 @@ async fn pd_questions_that_fall_back_from_the_stream_get_their_local_prefills_ou
         eprintln!("the session stream is the wasm filter's");
         return;
     }
-    let mut stack = Stack::start(StackOptions {
+    let mut stack = stack_with_session_and_workers(StackOptions {
         pd: Some(sglang_envoy_e2e::PdOptions::default()),
         ..Default::default()
     })
-    .await
-    .unwrap();
-    assert!(
-        wait_until(Duration::from_secs(5), || async {
-            stack.metric("sgl_router_filter_sessions").await == 1.0
-        })
-        .await
-    );
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    .await;
 
     // Frozen: each question waits on the stream until its deadline, which
     // the root context's tick finds; the fallback then runs as the root,
