@@ -211,6 +211,7 @@ impl Router {
                     health.clone(),
                     args.max_payload_size,
                     BodyBudget::new(args.ext_proc_max_buffered_bytes),
+                    args.destination_endpoints.into(),
                 ))
                 .max_decoding_message_size(limit),
             )

@@ -96,14 +96,12 @@ impl Router for RouterService {
 
 /// What a filter reports of a request, however it came (a `Complete` call
 /// or the session): what its answer says of the workers tried, or its end,
-/// which releases its load (a worker Envoy failed over from is checked).
+/// which releases its load (a worker an attempt failed on is checked at once).
 pub fn take_completion(engine: &Engine, health: &Arc<HealthChecker>, c: &Completion) {
-    if c.outcome_only {
-        engine.record_outcome(c);
-        return;
-    }
-    if let Some(worker) = engine.complete(c) {
-        let health = health.clone();
-        tokio::spawn(async move { health.suspect(&worker).await });
-    }
+    let failed = if c.outcome_only {
+        engine.record_outcome(c)
+    } else {
+        engine.complete(c)
+    };
+    health.suspect_each(failed);
 }

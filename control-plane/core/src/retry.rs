@@ -3,11 +3,14 @@
 //!
 //! Envoy does the retrying (it holds the body, and retries before any byte
 //! reaches the client); the control plane decides where. A decision lists
-//! one endpoint per allowed attempt: the chosen worker, then the least
-//! loaded other servers, then the same sequence again when there are fewer
-//! servers than attempts. The `override_host` load balancer walks that list
-//! in order, one entry per attempt, so when the request ends, its attempt
-//! count says exactly which workers failed it: all but the last tried.
+//! distinct endpoints, never one twice: the chosen worker, then the least
+//! loaded other servers (`--max-fallback-workers`), or the chosen one alone
+//! where the gateway takes one ([`Destination::One`]). The `override_host`
+//! load balancer walks that list, one entry per attempt; attempts past its
+//! end go where the gateway sends them (`override_host`'s fallback policy,
+//! or an `ORIGINAL_DST` cluster's one host), and Envoy reports where the
+//! last one went. So when the request ends, its attempt count and that
+//! report say which workers failed it.
 //!
 //! The route's `retry_policy` (envoy/envoy.yaml) says what is retried: a
 //! refused or reset connection, 408, 429 and 5xx answers, a timeout. The
@@ -22,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sglang_envoy_body::is_worker_failure;
+use sglang_envoy_lifecycle::Destination;
 use sglang_envoy_proto::{Completion, Header};
 
 use crate::policy::least_loaded;
@@ -33,8 +37,8 @@ pub struct RetryOptions {
     /// Attempts per request, the first included (`--retry-max-retries`,
     /// sglang-router's meaning; 1 with `--disable-retries`).
     pub max_attempts: u32,
-    /// Distinct other servers to try before trying the same ones again
-    /// (`--max-fallback-workers`).
+    /// Distinct other servers listed after the chosen one
+    /// (`--max-fallback-workers`), where the gateway takes a list.
     pub max_fallbacks: usize,
     /// How long a streamed answer may take to start before the attempt
     /// counts as failed (`--stream-start-timeout-secs`; `None`: no bound).
@@ -51,14 +55,25 @@ impl Default for RetryOptions {
     }
 }
 
-/// The units to try, in order, one per attempt: `units[chosen]` first.
-pub fn plan(units: &[Arc<Worker>], chosen: usize, options: &RetryOptions) -> Vec<Arc<Worker>> {
+/// The distinct units to try, in order, one per attempt: `units[chosen]`
+/// first, then (with [`Destination::List`]) the least loaded other servers,
+/// at most `max_fallbacks` and fewer than `max_attempts`.
+pub fn plan(
+    units: &[Arc<Worker>],
+    chosen: usize,
+    options: &RetryOptions,
+    destination: Destination,
+) -> Vec<Arc<Worker>> {
     let attempts = options.max_attempts.max(1) as usize;
+    let fallbacks = match destination {
+        Destination::One => 0,
+        Destination::List => options.max_fallbacks,
+    };
     let Some(first) = units.get(chosen) else {
         return Vec::new();
     };
     let mut distinct = vec![first.clone()];
-    while distinct.len() <= options.max_fallbacks && distinct.len() < attempts {
+    while distinct.len() <= fallbacks && distinct.len() < attempts {
         // Ranks of a server already listed share its endpoint.
         match least_loaded(units, |i| {
             !distinct.iter().any(|d| d.endpoint == units[i].endpoint)
@@ -67,14 +82,16 @@ pub fn plan(units: &[Arc<Worker>], chosen: usize, options: &RetryOptions) -> Vec
             None => break,
         }
     }
-    distinct.iter().cycle().take(attempts).cloned().collect()
+    distinct
 }
 
-/// The request headers that make Envoy try `plan` and no further.
-pub fn request_headers(plan: &[Arc<Worker>], stream: bool, options: &RetryOptions) -> Vec<Header> {
+/// The request headers that bound Envoy's attempts (`--retry-max-retries`:
+/// the plan's endpoints, then where the gateway sends the rest) and, for a
+/// stream, how long its start may take.
+pub fn request_headers(stream: bool, options: &RetryOptions) -> Vec<Header> {
     let mut headers = vec![Header {
         name: "x-envoy-max-retries".into(),
-        value: plan.len().saturating_sub(1).to_string(),
+        value: options.max_attempts.max(1).saturating_sub(1).to_string(),
     }];
     if let (true, Some(timeout)) = (stream, options.stream_start_timeout) {
         headers.push(Header {
@@ -86,17 +103,31 @@ pub fn request_headers(plan: &[Arc<Worker>], stream: bool, options: &RetryOption
 }
 
 /// What each attempt of a finished request says about its worker: the
-/// attempts before the last failed; the last one failed when its answer
-/// says the worker did (5xx, 408, 429, or none), and says nothing when the
-/// client left before any answer or the router answered for its own reasons.
+/// attempts before the last failed (those past the plan's end went where
+/// the gateway sent them: unknown, unless to the host Envoy reports for the
+/// last one); the last one failed when its answer says the worker did (5xx,
+/// 408, 429, or none), and says nothing when the client left before any
+/// answer or the router answered for its own reasons. The last attempt's
+/// worker is the one Envoy reports (`upstream_host`), else the plan's entry
+/// for it.
 pub fn outcomes(plan: &[Arc<Worker>], c: &Completion) -> Vec<(Arc<Worker>, bool)> {
-    let attempts = (c.attempts.max(1) as usize).min(plan.len());
+    let reported = plan
+        .iter()
+        .position(|w| !c.upstream_host.is_empty() && w.endpoint_text == c.upstream_host);
+    // With no count reported: the list is walked in order, so a last
+    // attempt on its k-th entry means k + 1 attempts. (A count is trusted:
+    // override_host skips an entry its cluster does not hold.)
+    let attempts = match c.attempts {
+        0 => reported.map_or(1, |k| k + 1),
+        n => n as usize,
+    };
     let mut out: Vec<(Arc<Worker>, bool)> = plan
         .iter()
-        .take(attempts.saturating_sub(1))
+        .take(attempts - 1)
         .map(|w| (w.clone(), false))
         .collect();
-    let Some(last) = attempts.checked_sub(1).and_then(|i| plan.get(i)) else {
+    let last = reported.or(Some(attempts - 1)).and_then(|i| plan.get(i));
+    let Some(last) = last else {
         return out;
     };
     let status = c.http_status;
@@ -134,43 +165,45 @@ mod tests {
     }
 
     #[test]
-    fn plans_try_distinct_servers_then_cycle() {
+    fn plans_list_distinct_servers_never_one_twice() {
         let u = units(&[1, 2, 3, 4]);
         u[3].increment_load();
         let opts = RetryOptions::default();
-        // Chosen first, then the least loaded others (the busy one last).
-        let p = plan(&u, 3, &opts);
-        assert_eq!(p.len(), 5);
+        // Chosen first, then the least loaded others (the busy one last),
+        // at most --max-fallback-workers of them.
+        let p = plan(&u, 3, &opts, Destination::List);
+        assert_eq!(p.len(), 3);
         assert_eq!(p[0].endpoint.port(), 4);
-        let fallbacks: std::collections::HashSet<u16> = ports(&p[1..3]).into_iter().collect();
-        assert_eq!(fallbacks.len(), 2);
-        assert_eq!(
-            ports(&p[3..]),
-            ports(&p[..2]),
-            "then the same sequence again"
-        );
+        let all: std::collections::HashSet<u16> = ports(&p).into_iter().collect();
+        assert_eq!(all.len(), 3, "no endpoint twice: {:?}", ports(&p));
         let two = units(&[1, 2]);
-        assert_eq!(ports(&plan(&two, 0, &opts)), [1, 2, 1, 2, 1]);
+        assert_eq!(ports(&plan(&two, 0, &opts, Destination::List)), [1, 2]);
         let once = RetryOptions {
             max_attempts: 1,
             ..opts
         };
-        assert_eq!(ports(&plan(&u, 1, &once)), [2]);
-        assert!(plan(&u, 9, &opts).is_empty());
+        assert_eq!(ports(&plan(&u, 1, &once, Destination::List)), [2]);
+        assert!(plan(&u, 9, &opts, Destination::List).is_empty());
+    }
+
+    #[test]
+    fn a_gateway_that_takes_one_endpoint_gets_the_chosen_one_alone() {
+        let u = units(&[1, 2, 3]);
+        let p = plan(&u, 2, &RetryOptions::default(), Destination::One);
+        assert_eq!(ports(&p), [3]);
     }
 
     #[test]
     fn headers_bound_attempts_and_stream_starts() {
-        let u = units(&[1, 2]);
         let opts = RetryOptions::default();
-        let p = plan(&u, 0, &opts);
-        let h = request_headers(&p, false, &opts);
+        let h = request_headers(false, &opts);
         assert_eq!(
             (h[0].name.as_str(), h[0].value.as_str()),
-            ("x-envoy-max-retries", "4")
+            ("x-envoy-max-retries", "4"),
+            "--retry-max-retries attempts, whatever the list holds"
         );
         assert_eq!(h.len(), 1);
-        let h = request_headers(&p, true, &opts);
+        let h = request_headers(true, &opts);
         assert_eq!(h[1].value, "10000");
     }
 
@@ -217,9 +250,34 @@ mod tests {
             "unknown counts as one"
         );
         assert_eq!(
-            verdicts(done(9, 200, false)).len(),
-            3,
-            "never beyond the plan"
+            verdicts(done(9, 200, false)),
+            [(1, false), (2, false), (3, false)],
+            "attempts past the plan went where the gateway sent them: unknown"
+        );
+        // Envoy reports where the last attempt went: that worker answered.
+        let reported = |attempts, http_status, host: u16| Completion {
+            upstream_host: format!("127.0.0.1:{host}"),
+            ..done(attempts, http_status, false)
+        };
+        let one: Vec<(u16, bool)> = outcomes(&u[..1], &reported(5, 503, 1))
+            .into_iter()
+            .map(|(w, ok)| (w.endpoint.port(), ok))
+            .collect();
+        assert_eq!(
+            one,
+            [(1, false), (1, false)],
+            "one endpoint (ORIGINAL_DST): the attempts went back to it"
+        );
+        assert_eq!(verdicts(reported(1, 503, 1)), [(1, false)]);
+        assert_eq!(
+            verdicts(reported(0, 200, 2)),
+            [(1, false), (2, true)],
+            "served by the second with no count: the first failed"
+        );
+        assert_eq!(
+            verdicts(reported(2, 200, 3)),
+            [(1, false), (3, true)],
+            "the reported host answered, not the plan's second (skipped)"
         );
     }
 }

@@ -13,6 +13,28 @@ use crate::workers::WorkerTls;
 
 pub use auth_flags::AuthFlags;
 
+/// `--destination-endpoints`: what the ext_proc front door writes in a
+/// destination (`x-gateway-destination-endpoint` and `envoy.lb` metadata).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum DestinationFlag {
+    /// The chosen endpoint alone: what every InferencePool gateway takes
+    /// (an `ORIGINAL_DST` cluster reading the header takes nothing else).
+    One,
+    /// The chosen endpoint, then distinct fallbacks to retry on: only for
+    /// a gateway whose cluster reads the destination with `override_host`.
+    List,
+}
+
+impl From<DestinationFlag> for sglang_envoy_lifecycle::Destination {
+    fn from(flag: DestinationFlag) -> Self {
+        match flag {
+            DestinationFlag::One => sglang_envoy_lifecycle::Destination::One,
+            DestinationFlag::List => sglang_envoy_lifecycle::Destination::List,
+        }
+    }
+}
+
 /// `--wire-profile`: which spelling of SGLang's DP and PD fields to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "snake_case")]
@@ -332,6 +354,16 @@ pub struct Args {
     /// same budget per Envoy thread (`max_buffered_bytes`).
     #[arg(long, default_value_t = 268_435_456)]
     pub ext_proc_max_buffered_bytes: usize,
+
+    /// ext_proc front door (and endpoint picker): the destination it writes
+    /// is the chosen endpoint alone (`one`, which every gateway takes), or
+    /// that endpoint then distinct fallbacks (`list`, only where the
+    /// gateway's cluster reads it with `override_host`: Envoy retries down
+    /// the list). An Envoy config may say `list` for its own streams
+    /// (gRPC initial metadata `x-sglang-destination-endpoints`), as
+    /// envoy/envoy-ext-proc.yaml does. The wasm filter always writes a list.
+    #[arg(long, value_enum, default_value_t = DestinationFlag::One)]
+    pub destination_endpoints: DestinationFlag,
 
     /// Accept workers at link-local addresses (169.254.0.0/16, fe80::/10),
     /// where cloud metadata services live; refused by default.

@@ -118,7 +118,7 @@ impl Engine {
                 .into_iter()
                 .map(|(key, value)| (key.to_string(), value))
                 .collect(),
-            request_headers: retry::request_headers(&c.plan, c.stream, &self.options.retry)
+            request_headers: retry::request_headers(c.stream, &self.options.retry)
                 .into_iter()
                 .map(|h| (h.name, h.value))
                 .collect(),
@@ -156,7 +156,7 @@ impl Engine {
             }
             let index = self.info_turn.fetch_add(1, Ordering::Relaxed) % serving.len();
             return Ok(Choice {
-                plan: retry::plan(&serving, index, &self.options.retry),
+                plan: retry::plan(&serving, index, &self.options.retry, req.destination),
                 ticket: 0,
                 inject: Vec::new(),
                 stream: false,
@@ -179,7 +179,12 @@ impl Engine {
         let input = route_input(req);
         let selection = self.policies.regular.select(&serving, &input);
         let worker = serving.get(selection.index).ok_or_else(no_unit)?;
-        let plan = retry::plan(&serving, selection.index, &self.options.retry);
+        let plan = retry::plan(
+            &serving,
+            selection.index,
+            &self.options.retry,
+            req.destination,
+        );
         self.count(&plan, req.ticket, selection.work, input.routing_key, None);
         self.metrics
             .decided(route.path(), selection.cache, elapsed(started));
@@ -227,7 +232,7 @@ impl Engine {
             .with_fields(&pd::as_pairs(&pd_fields.prefill))
             .map_err(invalid)?;
         let want_logprobs = pd::wants_input_logprobs(route, &body);
-        let plan = retry::plan(decodes, d.index, &self.options.retry);
+        let plan = retry::plan(decodes, d.index, &self.options.retry, req.destination);
         let prefill_half = self.prefill.dispatch(PrefillJob {
             worker: prefill.clone(),
             path: req.path.clone(),

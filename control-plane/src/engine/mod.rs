@@ -250,26 +250,39 @@ impl Engine {
     /// its answer starts with a failure, before the client sees it (and
     /// sends its next request). Its end, reported later, records nothing
     /// more.
-    pub fn record_outcome(&self, c: &Completion) {
+    pub fn record_outcome(&self, c: &Completion) -> Vec<Arc<Worker>> {
         let Some(plan) = self.tickets.take_plan(c.ticket) else {
-            return;
+            return Vec::new();
         };
-        for (tried, ok) in retry::outcomes(&plan, c) {
-            self.registry.record_outcome(&tried, ok);
-        }
+        self.record_attempts(&plan, c)
     }
 
-    /// Releases a finished request's load. Returns the worker when Envoy had
-    /// to fail over away from it, so the caller can check its health.
-    pub fn complete(&self, c: &Completion) -> Option<Arc<Worker>> {
+    /// Records what each attempt of `c` says of its worker; returns the
+    /// workers an attempt failed on, each once, for the caller to check at
+    /// once (a refused connection or a 5xx is the first sign of a worker
+    /// gone, long before its next scheduled health check).
+    fn record_attempts(&self, plan: &[Arc<Worker>], c: &Completion) -> Vec<Arc<Worker>> {
+        let mut failed: Vec<Arc<Worker>> = Vec::new();
+        for (tried, ok) in retry::outcomes(plan, c) {
+            self.registry.record_outcome(&tried, ok);
+            if !ok && !failed.iter().any(|w| Arc::ptr_eq(w, &tried)) {
+                failed.push(tried);
+            }
+        }
+        failed
+    }
+
+    /// Releases a finished request's load. Returns the workers its attempts
+    /// failed on, so the caller can check their health at once.
+    pub fn complete(&self, c: &Completion) -> Vec<Arc<Worker>> {
         if let Some(gate) = &self.gate {
             gate.release(c.ticket);
         }
-        let held = self.tickets.close(c.ticket)?;
+        let Some(held) = self.tickets.close(c.ticket) else {
+            return Vec::new();
+        };
         held.release();
-        for (tried, ok) in retry::outcomes(&held.plan, c) {
-            self.registry.record_outcome(&tried, ok);
-        }
+        let failed = self.record_attempts(&held.plan, c);
         let worker = held.worker;
         let failed_over = !c.upstream_host.is_empty() && c.upstream_host != worker.endpoint_text;
         self.metrics.finished(
@@ -282,7 +295,7 @@ impl Engine {
         } else if c.http_status == 0 || c.http_status >= 500 {
             self.metrics.error("upstream_error");
         }
-        failed_over.then_some(worker)
+        failed
     }
 
     /// Releases a request whose end will never be reported where it was

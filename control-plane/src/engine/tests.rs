@@ -1,6 +1,6 @@
 //! The engine's decisions, counts and releases, without a network.
 
-use sglang_envoy_lifecycle::{wire, Mode, Question, Unrouted};
+use sglang_envoy_lifecycle::{wire, Destination, Mode, Question, Unrouted};
 use sglang_envoy_proto::{route_response, Decision, RouteRequest, RouteResponse};
 
 use super::*;
@@ -72,12 +72,11 @@ fn load_counted_at_decision_and_released_at_completion() {
     let e = engine(3);
     let d = decision(ask(&e, 42));
     assert_eq!(d.ticket, 42);
-    // One endpoint per attempt (five by default): the chosen worker,
-    // the two others, then the same again.
-    assert_eq!(d.endpoints.len(), 5);
-    let distinct: std::collections::HashSet<_> = d.endpoints[..3].iter().collect();
+    // The chosen worker, then the two others, never one twice; five
+    // attempts in all (the last ones where the gateway sends them).
+    assert_eq!(d.endpoints.len(), 3);
+    let distinct: std::collections::HashSet<_> = d.endpoints.iter().collect();
     assert_eq!(distinct.len(), 3);
-    assert_eq!(d.endpoints[3..], d.endpoints[..2]);
     assert_eq!(d.request_headers[0].name, "x-envoy-max-retries");
     assert_eq!(d.request_headers[0].value, "4");
     assert!(d.inject.is_empty(), "nothing injected without DP");
@@ -90,7 +89,7 @@ fn load_counted_at_decision_and_released_at_completion() {
             upstream_host: d.endpoints[0].clone(),
             ..Default::default()
         })
-        .is_none());
+        .is_empty());
     assert_eq!(w.load(), 0);
 }
 
@@ -104,7 +103,46 @@ fn failover_is_reported_for_health_check() {
         upstream_host: d.endpoints[1].clone(),
         ..Default::default()
     });
-    assert_eq!(suspect.map(|w| w.url.clone()), Some(d.worker_url));
+    let suspects: Vec<String> = suspect.iter().map(|w| w.url.clone()).collect();
+    assert_eq!(suspects, [d.worker_url]);
+}
+
+#[test]
+fn a_worker_that_failed_the_one_attempt_it_had_is_suspected() {
+    // ORIGINAL_DST behind a picker: one endpoint, no failover to see; the
+    // failed answer itself names the worker to check.
+    let e = engine(2);
+    let q = Question {
+        destination: Destination::One,
+        ..Question::from(RouteRequest {
+            path: "/generate".into(),
+            method: "POST".into(),
+            routing_text: b"hello".to_vec(),
+            ticket: 6,
+            ..Default::default()
+        })
+    };
+    let routed = e.route(&q).unwrap();
+    assert_eq!(
+        routed.endpoints.len(),
+        1,
+        "one endpoint: {:?}",
+        routed.endpoints
+    );
+    let failed = e.complete(&Completion {
+        ticket: 6,
+        http_status: 503,
+        attempts: 5,
+        ..Default::default()
+    });
+    let failed: Vec<String> = failed.iter().map(|w| w.url.clone()).collect();
+    assert_eq!(failed, [routed.worker]);
+    let served = e.complete(&Completion {
+        ticket: 6,
+        http_status: 200,
+        ..Default::default()
+    });
+    assert!(served.is_empty(), "a closed ticket says nothing more");
 }
 
 #[test]
@@ -124,7 +162,7 @@ fn completion_before_decision_leaves_no_load() {
             ticket: 9,
             ..Default::default()
         })
-        .is_none());
+        .is_empty());
     let d = decision(ask(&e, 9));
     assert_eq!(e.registry().get(&d.worker_url).unwrap().load(), 0);
     assert_eq!(e.in_flight(), 0);
@@ -147,8 +185,8 @@ fn dp_aware_units_get_their_rank_and_fallbacks_skip_sibling_ranks() {
         let rank: u32 = d.inject[0].json_value.parse().unwrap();
         assert!(d.worker_url.ends_with(&format!("@{rank}")), "{d:?}");
         // The other server is the fallback, never a sibling rank.
+        assert_eq!(d.endpoints.len(), 2, "{:?}", d.endpoints);
         assert_ne!(d.endpoints[0], d.endpoints[1]);
-        assert_eq!(d.endpoints[2], d.endpoints[0]);
         seen.insert(d.worker_url);
     }
     assert_eq!(

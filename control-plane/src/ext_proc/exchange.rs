@@ -218,6 +218,7 @@ impl Exchange {
             step = match step {
                 Step::Ask(mut question) => {
                     question.subset = self.subset.clone();
+                    question.destination = self.destination;
                     let answer = self.engine.route(&question);
                     self.lc.on_answer(answer, &self.request)
                 }
@@ -339,7 +340,10 @@ impl Exchange {
             ResponseStep::Continue { release, report } => {
                 if let Some(failure) = report {
                     // Counted before the client sees the answer.
-                    self.engine.record_outcome(&failure);
+                    let failed = self.engine.record_outcome(&failure);
+                    if let Some(health) = &self.health {
+                        health.suspect_each(failed);
+                    }
                 }
                 send(self.release(release))
             }

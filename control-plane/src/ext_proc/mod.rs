@@ -36,7 +36,9 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     external_processor_server::ExternalProcessor, ProcessingRequest, ProcessingResponse,
 };
 use futures::{Stream, StreamExt};
-use sglang_envoy_lifecycle::{EndFacts, Lifecycle, LocalReply, Settings, TicketSource};
+use sglang_envoy_lifecycle::{
+    Destination, EndFacts, Lifecycle, LocalReply, Settings, TicketSource,
+};
 use sglang_envoy_proto::{AdmissionOutcome, PrefillOutcome};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -58,6 +60,11 @@ use exchange::{Next, Received};
 /// gRPC metadata (set with `initial_metadata` in the Envoy config) carrying
 /// the largest request body accepted; larger bodies get 413.
 pub const MAX_BODY_METADATA: &str = "x-sglang-max-body-bytes";
+
+/// gRPC metadata (set with `initial_metadata` in the Envoy config) saying
+/// what destination its cluster takes: `list` (it reads it with
+/// `override_host`) or `one`; `--destination-endpoints` otherwise.
+pub const DESTINATION_METADATA: &str = "x-sglang-destination-endpoints";
 
 /// Longest wait for a PD prefill that Envoy is asked to allow
 /// (`override_message_timeout`). Must not exceed `max_message_timeout` in
@@ -81,18 +88,23 @@ pub struct ExtProcService {
     tickets: Arc<TicketSource>,
     max_body_bytes: usize,
     budget: Arc<BodyBudget>,
+    /// `--destination-endpoints`.
+    destination: Destination,
 }
 
 impl ExtProcService {
     /// A front door over `engine` (`health` checks workers Envoy failed
     /// over from), holding at most `budget` of request bodies at once;
     /// bodies over `max_body_bytes` (`--max-payload-size`), or over the
-    /// smaller limit Envoy sends in [`MAX_BODY_METADATA`], get 413.
+    /// smaller limit Envoy sends in [`MAX_BODY_METADATA`], get 413; the
+    /// destination written is `destination` unless Envoy says otherwise in
+    /// [`DESTINATION_METADATA`].
     pub fn new(
         engine: Arc<Engine>,
         health: Arc<HealthChecker>,
         max_body_bytes: usize,
         budget: Arc<BodyBudget>,
+        destination: Destination,
     ) -> Self {
         ExtProcService {
             engine,
@@ -100,6 +112,7 @@ impl ExtProcService {
             tickets: Arc::new(TicketSource::new(rand::random())),
             max_body_bytes,
             budget,
+            destination,
         }
     }
 }
@@ -120,13 +133,19 @@ impl ExternalProcessor for ExtProcService {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<usize>().ok())
             .map_or(self.max_body_bytes, |envoy| envoy.min(self.max_body_bytes));
-        let exchange = Exchange::new(
+        let said = request
+            .metadata()
+            .get(DESTINATION_METADATA)
+            .and_then(|v| v.to_str().ok());
+        let destination = destination_said(said, self.destination);
+        let mut exchange = Exchange::new(
             self.engine.clone(),
             Some(self.health.clone()),
             self.tickets.next(),
             max_body_bytes,
             self.budget.clone(),
         );
+        exchange.destination = destination;
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(exchange.run(request.into_inner(), tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -158,6 +177,8 @@ pub(super) struct Exchange {
     duplex: duplex::Duplex,
     /// The endpoints the gateway allows this request (its subset hint).
     subset: Option<Vec<String>>,
+    /// What the destination holds: one endpoint, or a list.
+    destination: Destination,
 }
 
 impl Exchange {
@@ -187,6 +208,7 @@ impl Exchange {
             follow_prefill: false,
             duplex: duplex::Duplex::default(),
             subset: None,
+            destination: Destination::One,
         }
     }
 
@@ -331,13 +353,20 @@ impl Drop for Exchange {
             upstream = %completion.upstream_host,
             "request ended"
         );
-        if let Some(worker) = self.engine.complete(&completion) {
-            if let (Some(health), Ok(runtime)) =
-                (self.health.clone(), tokio::runtime::Handle::try_current())
-            {
-                runtime.spawn(async move { health.suspect(&worker).await });
-            }
+        let failed = self.engine.complete(&completion);
+        if let Some(health) = &self.health {
+            health.suspect_each(failed);
         }
+    }
+}
+
+/// What Envoy's config says its worker cluster takes
+/// ([`DESTINATION_METADATA`]), or `default` when it says nothing it means.
+fn destination_said(said: Option<&str>, default: Destination) -> Destination {
+    match said.map(str::trim) {
+        Some("list") => Destination::List,
+        Some("one") => Destination::One,
+        _ => default,
     }
 }
 

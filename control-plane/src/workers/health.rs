@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -27,7 +28,15 @@ pub struct HealthChecker {
     success_threshold: u32,
     /// `--disable-health-check`: every check passes without a request.
     disabled: bool,
+    /// Servers (base URLs) being checked because a request failed on them,
+    /// so that a burst of failed requests probes each once.
+    suspected: Mutex<HashSet<String>>,
+    /// When the fleet was last checked because a worker was found down.
+    last_sweep: Mutex<Option<Instant>>,
 }
+
+/// The least time between two checks of the whole fleet on suspicion.
+const SWEEP_SPACING: Duration = Duration::from_secs(1);
 
 /// A server the checker follows, by its first unit (DP-rank units share
 /// their server's health).
@@ -62,6 +71,8 @@ impl HealthChecker {
             failure_threshold: args.health_failure_threshold,
             success_threshold: args.health_success_threshold,
             disabled: args.disable_health_check,
+            suspected: Mutex::new(HashSet::new()),
+            last_sweep: Mutex::new(None),
         }
     }
 
@@ -103,13 +114,62 @@ impl HealthChecker {
         }
     }
 
-    /// Evidence that a worker failed a request (Envoy had to fail over):
-    /// check it now and take it out of rotation at once if it is down,
-    /// rather than after `failure_threshold` intervals.
+    /// Checks, in the background, each worker a request's attempts failed
+    /// on (see [`HealthChecker::suspect`]).
+    pub fn suspect_each(self: &Arc<Self>, failed: Vec<Arc<Worker>>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for worker in failed {
+            let this = self.clone();
+            runtime.spawn(async move { this.suspect(&worker).await });
+        }
+    }
+
+    /// Evidence that a worker failed a request (a refused connection, a
+    /// reset, a 5xx): check it now and take it out of rotation at once if
+    /// it is down, rather than after `failure_threshold` intervals. A worker
+    /// found down is seldom alone (a node, a rollout, the whole fleet), so
+    /// every other healthy server is checked at once too: the router stops
+    /// naming dead endpoints after one failed request, not one per worker.
     pub async fn suspect(&self, worker: &Worker) {
-        if !self.probe(worker).await && worker.is_healthy() {
-            warn!(worker = %worker.base_url, "worker failed a request and its health check; marking unhealthy");
-            self.registry.set_healthy(worker, false);
+        if !self.suspected.lock().insert(worker.base_url.clone()) {
+            return; // already being checked
+        }
+        let down = !self.probe(worker).await;
+        self.suspected.lock().remove(&worker.base_url);
+        if !down || !worker.is_healthy() {
+            return;
+        }
+        warn!(worker = %worker.base_url, "worker failed a request and its health check; marking unhealthy");
+        self.registry.set_healthy(worker, false);
+        self.sweep().await;
+    }
+
+    /// Checks every healthy server now (at most once per [`SWEEP_SPACING`]);
+    /// those that fail are taken out of rotation at once.
+    async fn sweep(&self) {
+        {
+            let mut last = self.last_sweep.lock();
+            if last.is_some_and(|t| t.elapsed() < SWEEP_SPACING) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let all = self.registry.all();
+        let mut seen = HashSet::new();
+        let servers: Vec<&Arc<Worker>> = all
+            .iter()
+            .filter(|w| w.is_healthy() && seen.insert(w.base_url.as_str()))
+            .collect();
+        let checks = servers
+            .iter()
+            .map(|w| async move { (*w, self.probe(w).await) });
+        for (worker, up) in futures::future::join_all(checks).await {
+            if !up && worker.is_healthy() {
+                warn!(worker = %worker.base_url, "worker failed its health check after another was found down; marking unhealthy");
+                self.registry.set_healthy(worker, false);
+            }
         }
     }
 

@@ -33,7 +33,7 @@ pub use completion::EndFacts;
 pub use lifecycle::{
     Forward, HeadStep, Held, Lifecycle, Mode, Overdue, RequestHead, Settings, Source, Step,
 };
-pub use question::{Answer, FollowPrefill, Question, Routed, Unrouted};
+pub use question::{Answer, Destination, FollowPrefill, Question, Routed, Unrouted};
 pub use reply::LocalReply;
 pub use tickets::TicketSource;
 

@@ -39,6 +39,24 @@ pub struct Question {
     /// The endpoints (`ip:port`) the request may go to, when the gateway
     /// narrows them (the picker protocol's subset hint; ext_proc only).
     pub subset: Option<Vec<String>>,
+    /// How many endpoints the Envoy in front takes in the destination
+    /// (ext_proc: from `--destination-endpoints` or the Envoy config; the
+    /// wasm filter's own configs take a list).
+    pub destination: Destination,
+}
+
+/// How many endpoints the Envoy in front takes in a destination
+/// (`x-gateway-destination-endpoint`, and `envoy.lb` metadata).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Destination {
+    /// Exactly one `ip:port`: an `ORIGINAL_DST` cluster reading the header
+    /// (InferencePool gateways that route on it) answers a list with 503.
+    One,
+    /// The chosen one first, then distinct fallbacks: a cluster whose
+    /// `override_host` policy walks the list on retries (this project's
+    /// own Envoy configs, and gateways that read `envoy.lb` with it).
+    #[default]
+    List,
 }
 
 /// A decision: where the request goes, and what changes on its way.

@@ -6,7 +6,7 @@ use sglang_envoy_proto::{
     RouteRequest, RouteResponse,
 };
 
-use crate::question::{Answer, FollowPrefill, Question, Routed, Unrouted};
+use crate::question::{Answer, Destination, FollowPrefill, Question, Routed, Unrouted};
 use crate::reply::LocalReply;
 
 impl From<RouteRequest> for Question {
@@ -26,6 +26,8 @@ impl From<RouteRequest> for Question {
             body: r.body,
             // The filter's questions carry none.
             subset: None,
+            // The filter's Envoy configs walk a list (override_host).
+            destination: Destination::List,
         }
     }
 }

@@ -27,6 +27,26 @@ fn streamed(r: &ProcessingResponse) -> (Vec<u8>, bool) {
     }
 }
 
+#[test]
+fn the_envoy_config_may_say_its_cluster_walks_a_list() {
+    use super::super::destination_said;
+    use sglang_envoy_lifecycle::Destination;
+    assert_eq!(destination_said(None, Destination::One), Destination::One);
+    assert_eq!(
+        destination_said(Some(" list "), Destination::One),
+        Destination::List
+    );
+    assert_eq!(
+        destination_said(Some("one"), Destination::List),
+        Destination::One
+    );
+    assert_eq!(
+        destination_said(Some("many"), Destination::One),
+        Destination::One,
+        "an unknown word leaves the flag's choice"
+    );
+}
+
 #[tokio::test]
 async fn the_destination_is_in_the_header_and_identical_in_the_metadata() {
     let e = engine(2);
