@@ -63,7 +63,11 @@ pub(crate) fn render_template(
     [port, envoy_admin, grpc_port, admin_port]: [u16; 4],
 ) -> anyhow::Result<()> {
     // The same renderer as the quick start and docker compose.
-    let template_path = FrontDoor::current().template();
+    let shape = opts.picker_shape();
+    let template_path = match shape {
+        Some(_) => FrontDoor::Picker.template(),
+        None => FrontDoor::current().template(),
+    };
     let rendered = std::process::Command::new("sh")
         .arg(repo_root().join("envoy/render.sh"))
         .arg(config_path)
@@ -102,9 +106,9 @@ pub(crate) fn render_template(
             String::from_utf8_lossy(&rendered.stderr)
         );
     }
-    if FrontDoor::current() == FrontDoor::Picker {
+    if let Some(shape) = shape {
         let text = std::fs::read_to_string(config_path)?;
-        std::fs::write(config_path, crate::gateway::picker::config(&text)?)?;
+        std::fs::write(config_path, crate::gateway::picker::config(&text, shape)?)?;
     }
     Ok(())
 }

@@ -71,6 +71,9 @@ pub struct StackOptions {
     pub cp_env: Vec<(String, String)>,
     /// Envoy's worker threads (`--concurrency`); each runs a filter VM.
     pub envoy_concurrency: usize,
+    /// Run through the picker setup of this gateway shape, whatever
+    /// `SGLANG_ENVOY_FRONT_DOOR` says (`None`: as it says).
+    pub picker: Option<crate::gateway::picker::Shape>,
 }
 
 /// A PD fleet of simulated workers.
@@ -104,6 +107,21 @@ impl Default for PdOptions {
 /// How long a simulated PD worker waits for its peer (KV handshake).
 pub const KV_TIMEOUT_MS: u64 = 3000;
 
+impl StackOptions {
+    /// The picker setup this stack runs through, if any: its own, or the
+    /// suite's under `SGLANG_ENVOY_FRONT_DOOR=picker` (a config a test
+    /// builds itself is its own business).
+    pub fn picker_shape(&self) -> Option<crate::gateway::picker::Shape> {
+        if self.envoy_config.is_some() {
+            return None;
+        }
+        self.picker.or_else(|| {
+            (FrontDoor::current() == FrontDoor::Picker)
+                .then_some(crate::gateway::picker::Shape::SUITE)
+        })
+    }
+}
+
 impl Default for StackOptions {
     fn default() -> Self {
         StackOptions {
@@ -127,6 +145,7 @@ impl Default for StackOptions {
             cp_hosts_file: None,
             cp_env: Vec::new(),
             envoy_concurrency: 1,
+            picker: None,
         }
     }
 }
@@ -311,11 +330,13 @@ impl Stack {
         }
         args.extend(pd_args);
         let grpc_health_port = free_port();
-        let picker = FrontDoor::current() == FrontDoor::Picker && opts.envoy_config.is_none();
-        if picker {
-            // As an endpoint picker runs: TLS on the gRPC port (Envoy's
-            // cluster speaks it), plaintext health on a port of its own.
-            args.push("--secure-serving".into());
+        let shape = opts.picker_shape();
+        let picker = shape.is_some();
+        if let Some(shape) = shape {
+            // As an endpoint picker runs: TLS on the gRPC port when Envoy's
+            // cluster speaks it, plaintext health on a port of its own, the
+            // destination its gateway takes.
+            args.extend(shape.control_plane_args());
             args.push("--grpc-health-port".into());
             args.push(grpc_health_port.to_string());
         }

@@ -102,12 +102,37 @@ async fn stack(config: EnvoyConfig, pd: bool) -> Stack {
         pd: pd.then(PdOptions::default),
         envoy_config: Some(config),
         // Slow health checks: the failover check kills a worker and needs
-        // Envoy, not a health check racing it, to find out.
-        cp_args: vec!["--health-check-interval-secs".into(), "30".into()],
+        // Envoy, not a health check racing it, to find out. The
+        // destination as deploy/control-plane.yaml has the recipes' control
+        // plane write it.
+        cp_args: vec![
+            "--health-check-interval-secs".into(),
+            "30".into(),
+            "--destination-endpoints".into(),
+            recipe_control_plane_flag("--destination-endpoints"),
+        ],
         ..Default::default()
     })
     .await
     .expect("the stack starts with the gateway-shaped config")
+}
+
+/// The value after `flag` in deploy/control-plane.yaml's launch line.
+fn recipe_control_plane_flag(flag: &str) -> String {
+    let docs = sglang_envoy_e2e::gateway::recipe_docs("deploy/control-plane.yaml");
+    let deployment =
+        sglang_envoy_e2e::gateway::find_doc(&docs, "Deployment", Some("sglang-control-plane"));
+    let args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_sequence()
+        .expect("the control plane's args")
+        .iter()
+        .map(sglang_envoy_e2e::gateway::text)
+        .collect();
+    let i = args
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("deploy/control-plane.yaml has no {flag}"));
+    args[i + 1].clone()
 }
 
 /// `sgl_router_request_errors_total{reason=...}` (0 when absent).
