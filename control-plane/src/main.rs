@@ -273,8 +273,26 @@ impl Router {
             r = health_only => r.context("gRPC health server failed")?,
             r = admin => r.context("admin server failed")?,
             r = prometheus => r.context("metrics server failed")?,
-            _ = tokio::signal::ctrl_c() => info!("shutting down"),
+            () = shutdown_signal() => info!("shutting down"),
         }
         Ok(())
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM: what `docker stop`, `docker compose down`
+/// and Kubernetes send. As a container's PID 1 the process would otherwise
+/// ignore SIGTERM and be killed only when the grace period ran out.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
     }
 }

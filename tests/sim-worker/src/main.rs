@@ -162,7 +162,13 @@ async fn main() -> anyhow::Result<()> {
             config.host, config.disaggregation_bootstrap_port
         );
     }
-    serve_tls_with_bootstrap(config, listener, bootstrap, tls)
-        .await
-        .context("server failed")
+    // SIGTERM ends it, as it ends an SGLang server: as a container's PID 1
+    // it would otherwise be ignored (`docker compose down` waits, then kills).
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        served = serve_tls_with_bootstrap(config, listener, bootstrap, tls) => {
+            served.context("server failed")
+        }
+        _ = terminate.recv() => Ok(()),
+    }
 }
