@@ -4,7 +4,9 @@
 # plane and simulated SGLang workers, the end-to-end suite again through the
 # ext_proc front door, once more through ext_proc set up the way an
 # InferencePool gateway sets up its endpoint picker, and a short fuzz run of
-# the body handling. Installs what is missing first.
+# the body handling; `docker compose up` of the demo and in front of outside
+# workers. Installs what is missing first (a Docker engine and its base
+# images included: scripts/docker-images.sh).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -27,6 +29,13 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --release --target wasm32-wasip1 -p sglang-envoy-filter -- -D warnings
 
 build_all
+
+# docker compose, as the README runs it (tests/e2e/tests/compose.rs): a
+# Docker engine and the base images (made here when no registry answers),
+# then the project's images, built once for the whole run.
+log "docker compose: engine, base images, the project's images"
+"$ROOT/scripts/docker-images.sh"
+docker compose --profile demo build -q
 
 log "cargo test (unit, property and end-to-end tests)"
 SGLANG_ENVOY_BIN="$VENV/bin/envoy" cargo test --workspace -- --test-threads 2

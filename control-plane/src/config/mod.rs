@@ -483,6 +483,17 @@ impl Args {
             .map_err(|e| Args::command().error(clap::error::ErrorKind::UnknownArgument, e))?;
         let matches = Args::command().try_get_matches_from(argv)?;
         let mut args = Args::from_arg_matches(&matches)?;
+        // An empty SGLANG_ENVOY_ADMIN_TOKEN is no token (docker compose
+        // passes the variable through whether .env sets it or not); an
+        // empty `--admin-token` on the command line stays an error.
+        if matches.value_source("admin_token") == Some(clap::parser::ValueSource::EnvVariable)
+            && args
+                .admin_token
+                .as_deref()
+                .is_some_and(|t| t.trim().is_empty())
+        {
+            args.admin_token = None;
+        }
         args.peer_notes = notes;
         args.prefill_groups = matches
             .get_occurrences::<String>("prefill")

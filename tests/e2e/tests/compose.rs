@@ -1,0 +1,358 @@
+//! `docker compose` as a user runs it (README "Docker compose"): the
+//! README's command in the repository, with the images the Dockerfile
+//! builds, against a real Docker engine (scripts/docker-images.sh starts one
+//! and makes the base images where no registry answers; scripts/test.sh
+//! builds the project's images before the suite, once per run).
+//!
+//! - the demo (`--profile demo`): health, a chat completion and an SSE
+//!   stream through Envoy on :30000, a worker removed and added again
+//!   through the admin API with the token (refused without it), `/metrics`;
+//! - in front of workers outside compose (`WORKER_URLS`, here simulated
+//!   workers on this machine, reached as host.docker.internal);
+//!
+//! each ended with `docker compose down`, after which nothing of it is left.
+//! They run once, in the wasm pass of scripts/test.sh (compose runs the wasm
+//! filter), one at a time (both publish :30000).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sglang_envoy_e2e::{free_port, fresh_dir, repo_root, wait_until, FrontDoor, SimWorker};
+
+/// The compose project's name, so the test finds what is its own.
+const PROJECT: &str = "sglang-envoy-compose-test";
+/// The admin token the test's .env would hold.
+const TOKEN: &str = "compose-test-token";
+/// The ports the README's command publishes.
+const CLIENT: &str = "http://127.0.0.1:30000";
+const ADMIN: &str = "http://127.0.0.1:30010";
+
+/// One compose project at a time: both tests publish the same ports.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn skip() -> bool {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("skipped: compose runs the wasm filter (run in the wasm pass)");
+        return true;
+    }
+    let engine = Command::new("docker")
+        .args(["compose", "version"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+        && Command::new("docker")
+            .arg("info")
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !engine {
+        assert!(
+            std::env::var("CI").is_err(),
+            "no Docker engine or compose plugin (scripts/docker-images.sh sets them up)"
+        );
+        eprintln!("skipped: no Docker engine here (scripts/docker-images.sh starts one)");
+        return true;
+    }
+    false
+}
+
+/// A running `docker compose up`, in the foreground as the README runs
+/// it, its output in a log; brought down when dropped.
+struct Compose {
+    env: Vec<(String, String)>,
+    up: Option<Child>,
+    log: PathBuf,
+}
+
+impl Compose {
+    /// `docker compose [--profile demo] up --build` in the repository, with
+    /// `env` as the user's .env would set it.
+    fn up(demo: bool, env: &[(&str, String)], dir: &Path) -> Compose {
+        let mut env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        env.push(("COMPOSE_PROJECT_NAME".into(), PROJECT.into()));
+        let log = dir.join("compose-up.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let mut args = vec!["compose"];
+        if demo {
+            args.extend(["--profile", "demo"]);
+        }
+        args.extend(["up", "--build"]);
+        let up = Command::new("docker")
+            .args(&args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(repo_root())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("docker compose up starts");
+        Compose {
+            env,
+            up: Some(up),
+            log,
+        }
+    }
+
+    /// `docker compose ARGS` with the same environment; its output.
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new("docker")
+            .arg("compose")
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(repo_root())
+            .output()
+            .expect("docker compose runs");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    /// The health check status of `service`'s container.
+    fn health(&self, service: &str) -> String {
+        let id = self.run(&["ps", "-q", service]);
+        let out = Command::new("docker")
+            .args(["inspect", "--format", "{{.State.Health.Status}}", id.trim()])
+            .output()
+            .expect("docker runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// What `up` printed so far (for failure messages).
+    fn log(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(60).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    /// `docker compose down`, as the user ends it; `up` then exits.
+    fn down(&mut self) {
+        self.run(&["--profile", "demo", "down", "--timeout", "5"]);
+        if let Some(mut up) = self.up.take() {
+            let stopped = (0..100).any(|_| {
+                std::thread::sleep(Duration::from_millis(100));
+                matches!(up.try_wait(), Ok(Some(_)))
+            });
+            if !stopped {
+                let _ = up.kill();
+                let _ = up.wait();
+            }
+        }
+    }
+}
+
+impl Drop for Compose {
+    fn drop(&mut self) {
+        if self.up.is_some() {
+            self.down();
+        }
+    }
+}
+
+/// The project's containers and networks still on the engine.
+fn leftovers() -> String {
+    let label = format!("label=com.docker.compose.project={PROJECT}");
+    let list = |what: &[&str]| {
+        let out = Command::new("docker")
+            .args(what)
+            .args(["--filter", &label, "-q"])
+            .output()
+            .expect("docker runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    format!("{}{}", list(&["ps", "-a"]), list(&["network", "ls"]))
+}
+
+async fn get(url: &str) -> Option<reqwest::Response> {
+    reqwest::Client::new()
+        .get(url)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .ok()
+}
+
+/// Workers the control plane lists as healthy.
+async fn healthy_workers() -> Vec<String> {
+    let Some(r) = get(&format!("{ADMIN}/workers")).await else {
+        return Vec::new();
+    };
+    let v: Value = r.json().await.unwrap_or_default();
+    v["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|w| w["healthy"] == Value::Bool(true))
+        .filter_map(|w| w["url"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Up within `limit`: the workers healthy and a chat answered through
+/// Envoy; then Envoy's container passes its own health check too.
+async fn wait_ready(compose: &Compose, workers: usize, limit: Duration) {
+    let ready = wait_until(limit, || async {
+        healthy_workers().await.len() == workers
+            && chat(false).await.is_some_and(|(status, _)| status == 200)
+    })
+    .await;
+    assert!(ready, "compose did not come up:\n{}", compose.log());
+    let envoy_healthy = wait_until(Duration::from_secs(30), || async {
+        compose.health("envoy") == "healthy"
+    })
+    .await;
+    assert!(
+        envoy_healthy,
+        "Envoy's health check: {}",
+        compose.health("envoy")
+    );
+}
+
+/// A chat completion through Envoy on :30000: status and body.
+async fn chat(stream: bool) -> Option<(u16, String)> {
+    let body = json!({"model": "m", "stream": stream, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hello from compose"}]});
+    let r = reqwest::Client::new()
+        .post(format!("{CLIENT}/v1/chat/completions"))
+        .json(&body)
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .ok()?;
+    let status = r.status().as_u16();
+    Some((status, r.text().await.ok()?))
+}
+
+/// A chat answer and an SSE stream to its end, through Envoy.
+async fn chat_and_stream_through_envoy() {
+    let (status, body) = chat(false).await.expect("chat answered");
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert!(v["choices"][0]["message"]["content"].is_string(), "{v}");
+    let (status, body) = chat(true).await.expect("stream answered");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    assert!(body.matches("data: ").count() >= 3, "{body}");
+}
+
+/// Compose's ends: down, every container stopping on its signal (none
+/// killed when the grace period runs out), and nothing of the project left
+/// on the engine.
+fn down_leaves_nothing(mut compose: Compose) {
+    compose.down();
+    let log = std::fs::read_to_string(&compose.log).unwrap_or_default();
+    let killed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("exited with code 137"))
+        .collect();
+    assert!(killed.is_empty(), "killed, not stopped: {killed:?}");
+    let left = leftovers();
+    assert!(left.is_empty(), "left after down: {left}");
+}
+
+#[tokio::test]
+async fn the_demo_serves_and_takes_admin_changes_with_its_token() {
+    if skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = fresh_dir(&format!("sglang-compose-demo-{}", std::process::id())).unwrap();
+    let compose = Compose::up(true, &[("ADMIN_TOKEN", TOKEN.into())], &dir);
+    // The images are built before the suite; a build here takes minutes.
+    wait_ready(&compose, 2, Duration::from_secs(600)).await;
+    chat_and_stream_through_envoy().await;
+
+    // Worker changes through Envoy's port: refused without the token,
+    // taken with it.
+    let admin = |path: &str, token: Option<&str>| {
+        let mut r = reqwest::Client::new().post(format!("{CLIENT}{path}"));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.timeout(Duration::from_secs(30)).send()
+    };
+    let worker = "http://worker-2:31002";
+    let refused = admin(&format!("/remove_worker?url={worker}"), None)
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401, "{}", refused.text().await.unwrap());
+    let removed = admin(&format!("/remove_worker?url={worker}"), Some(TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200, "{}", removed.text().await.unwrap());
+    assert_eq!(healthy_workers().await, ["http://worker-1:31001"]);
+    let added = admin(&format!("/add_worker?url={worker}"), Some(TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 200, "{}", added.text().await.unwrap());
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            healthy_workers().await.len() == 2
+        })
+        .await,
+        "the worker came back"
+    );
+
+    let metrics = get(&format!("{CLIENT}/metrics")).await.expect("metrics");
+    assert_eq!(metrics.status(), 200);
+    let text = metrics.text().await.unwrap();
+    let routed: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("sgl_router_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(routed >= 2.0, "the chat and the stream counted: {text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("sgl_router_worker_healthy{") && l.contains("worker-1:31001")),
+        "per-worker series: {text}"
+    );
+    down_leaves_nothing(compose);
+}
+
+#[tokio::test]
+async fn compose_fronts_workers_outside_it() {
+    if skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = fresh_dir(&format!("sglang-compose-workers-{}", std::process::id())).unwrap();
+    // Workers on this machine, listening where the containers reach it.
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        let w = SimWorker::spawn_at(&dir, "0.0.0.0", free_port(), &[], None).unwrap();
+        w.wait_healthy(Duration::from_secs(10)).await.unwrap();
+        workers.push(w);
+    }
+    let urls: Vec<String> = workers
+        .iter()
+        .map(|w| format!("http://host.docker.internal:{}", w.port()))
+        .collect();
+    let compose = Compose::up(false, &[("WORKER_URLS", urls.join(" "))], &dir);
+    wait_ready(&compose, 2, Duration::from_secs(600)).await;
+    let before: u64 = served(&workers).await;
+    chat_and_stream_through_envoy().await;
+    assert!(
+        served(&workers).await >= before + 2,
+        "the chat and the stream reached the workers outside compose"
+    );
+    // Without ADMIN_TOKEN, changes through Envoy's port are refused.
+    let r = reqwest::Client::new()
+        .post(format!("{CLIENT}/remove_worker?url={}", urls[0]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "{}", r.text().await.unwrap());
+    down_leaves_nothing(compose);
+}
+
+async fn served(workers: &[SimWorker]) -> u64 {
+    let mut total = 0;
+    for w in workers {
+        total += w.served().await;
+    }
+    total
+}
