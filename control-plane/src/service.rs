@@ -26,7 +26,7 @@ pub struct RouterService {
 }
 
 impl RouterService {
-    /// A service over `engine`; `health` checks workers Envoy failed over from.
+    /// A service over `engine`; `health` checks workers a request failed on.
     pub fn new(engine: Arc<Engine>, health: Arc<HealthChecker>) -> Self {
         RouterService { engine, health }
     }

@@ -34,7 +34,7 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session over `engine`; `health` checks workers Envoy failed over from.
+    /// A session over `engine`; `health` checks workers a request failed on.
     pub fn new(engine: Arc<Engine>, health: Arc<HealthChecker>) -> Self {
         engine.metrics().session(1);
         Session {

@@ -93,8 +93,8 @@ pub struct ExtProcService {
 }
 
 impl ExtProcService {
-    /// A front door over `engine` (`health` checks workers Envoy failed
-    /// over from), holding at most `budget` of request bodies at once;
+    /// A front door over `engine` (`health` checks workers a request
+    /// failed on), holding at most `budget` of request bodies at once;
     /// bodies over `max_body_bytes` (`--max-payload-size`), or over the
     /// smaller limit Envoy sends in [`MAX_BODY_METADATA`], get 413; the
     /// destination written is `destination` unless Envoy says otherwise in
