@@ -20,6 +20,7 @@ mod tls;
 
 pub use envoy_config::{EnvoyConfig, EnvoyEnv};
 pub use process::{free_port, Proc};
+pub use sim_worker::longest_body_received;
 pub use stack::{
     hosts_file_supported, release_bin, venv_python, FrontDoor, PdOptions, SimWorker, Stack,
     StackOptions, KV_TIMEOUT_MS,

@@ -229,3 +229,15 @@ impl SimWorker {
         self.proc.kill();
     }
 }
+
+/// The longest request body any of `workers` received (to check that a large
+/// body arrived whole).
+pub async fn longest_body_received(workers: &[SimWorker]) -> usize {
+    let mut longest = 0;
+    for w in workers {
+        for req in w.requests().await {
+            longest = longest.max(req["body"].as_str().map_or(0, str::len));
+        }
+    }
+    longest
+}

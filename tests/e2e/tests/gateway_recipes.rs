@@ -237,12 +237,7 @@ async fn regular_fleet(config: EnvoyConfig) -> Stack {
         let body = json!({"text": text, "sampling_params": {"max_new_tokens": 1}}).to_string();
         let r = stack.post("/generate", &body).await;
         assert_eq!(r.status(), 200, "a {size}-byte prompt");
-        let mut longest = 0;
-        for w in &stack.workers {
-            for req in w.requests().await {
-                longest = longest.max(req["body"].as_str().map_or(0, str::len));
-            }
-        }
+        let longest = sglang_envoy_e2e::longest_body_received(&stack.workers).await;
         assert!(
             longest >= body.len(),
             "the worker got {longest} of {} bytes",

@@ -123,12 +123,7 @@ async fn requests_of_every_kind_are_served(stack: &Stack, shape: Shape) {
     let big = json!({"text": text, "sampling_params": {"max_new_tokens": 1}}).to_string();
     let r = stack.post("/generate", &big).await;
     assert_eq!(r.status(), 200, "{shape:?}: a 5 MB body");
-    let mut longest = 0;
-    for w in &stack.workers {
-        for req in w.requests().await {
-            longest = longest.max(req["body"].as_str().map_or(0, str::len));
-        }
-    }
+    let longest = sglang_envoy_e2e::longest_body_received(&stack.workers).await;
     assert!(
         longest >= big.len(),
         "{shape:?}: {longest} of {} bytes",
