@@ -14,9 +14,13 @@
 # (default 10000 client connections) and FILTER_OPTIONS (default empty:
 # more members of the wasm filter's JSON configuration, written with a
 # leading comma, e.g. `, "body_idle_timeout_ms": 8000`). The template can be
-# overridden with ENVOY_TEMPLATE. ADMIN_ROUTES=off drops the routes that
-# expose the control plane's admin API on the client port (the block between
-# `# BEGIN admin-routes` and `# END admin-routes`); default on.
+# overridden with ENVOY_TEMPLATE. ADMIN_ROUTES=on keeps the routes that
+# expose the control plane's admin API (reading the workers, loads and
+# metrics; changes to the workers, which need its admin credential) on the
+# client port: the block between `# BEGIN admin-routes` and
+# `# END admin-routes`. Default off, so a rendered config shows clients only
+# the inference endpoints and the control plane's /health, /liveness and
+# /readiness; the quick start (scripts/lib.sh) turns it on.
 #
 # TLS to https:// workers, the control plane's flags of the same meaning in
 # brackets (all optional, default empty):
@@ -184,7 +188,7 @@ for name in LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CONTROL_PLANE_HOST \
 "
 done
 
-case "${ADMIN_ROUTES:-on}" in
+case "${ADMIN_ROUTES:-off}" in
   on) ;;
   off) script="${script}/# BEGIN admin-routes/,/# END admin-routes/d
 " ;;

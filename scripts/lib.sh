@@ -92,12 +92,15 @@ run_fuzz() {
 # render_envoy_config OUT LISTEN_HOST LISTEN_PORT ENVOY_ADMIN_PORT CP_HOST CP_GRPC_PORT CP_ADMIN_PORT
 # envoy/render.sh fills the template; docker-compose.yml's Envoy runs it too.
 # SGLANG_ENVOY_FRONT_DOOR=ext_proc renders envoy/envoy-ext-proc.yaml instead.
+# The admin API stays on the client port (ADMIN_ROUTES=on, as sglang-router
+# serves it on its one port) unless ADMIN_ROUTES=off: these scripts run on
+# loopback, for development; the shipped manifests keep it off.
 render_envoy_config() {
   local template="$ROOT/envoy/envoy.yaml"
   if [ "${SGLANG_ENVOY_FRONT_DOOR:-wasm}" = ext_proc ]; then template="$ROOT/envoy/envoy-ext-proc.yaml"; fi
   LISTEN_HOST="$2" LISTEN_PORT="$3" ENVOY_ADMIN_PORT="$4" CONTROL_PLANE_HOST="$5" \
     CONTROL_PLANE_GRPC_PORT="$6" CONTROL_PLANE_ADMIN_PORT="$7" FILTER_WASM="$WASM" \
-    ENVOY_TEMPLATE="$template" sh "$ROOT/envoy/render.sh" "$1"
+    ADMIN_ROUTES="${ADMIN_ROUTES:-on}" ENVOY_TEMPLATE="$template" sh "$ROOT/envoy/render.sh" "$1"
 }
 
 # worker_tls_from_flags CONTROL_PLANE_FLAGS...: exports the Envoy template's

@@ -51,7 +51,18 @@ async fn main() -> anyhow::Result<()> {
         && args.auth.control_plane_api_keys.is_empty()
         && args.auth.jwt_issuer.is_none()
     {
-        warn!("no --admin-token, --control-plane-api-keys or --jwt-issuer: anyone who reaches the admin port can add and remove workers");
+        if args.host.is_loopback() {
+            warn!("no --admin-token, --control-plane-api-keys or --jwt-issuer: anyone who reaches the admin port can add and remove workers");
+        } else {
+            // sglang-router's habitual `--host 0.0.0.0` opens the admin API
+            // and the gRPC port here, not a client port: say it loudly.
+            warn!(
+                host = %args.host,
+                admin_port = args.admin_port,
+                grpc_port = args.grpc_port,
+                "--host is not a loopback address and there is no --admin-token, --control-plane-api-keys or --jwt-issuer: anyone on the network can add and remove workers on the admin port, and call the gRPC port; set a credential (docs/security.md) or keep --host on loopback"
+            );
+        }
     }
     let router = Router::build(&args)?;
     // Probes every server as soon as it is registered, then on its schedule.

@@ -247,8 +247,16 @@ async fn the_admin_api_can_be_kept_off_the_client_port() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    let r = client.get(stack.url("/list_workers")).send().await.unwrap();
-    assert_eq!(r.status(), 404);
+    for path in ["/list_workers", "/workers", "/get_loads", "/metrics"] {
+        let r = client.get(stack.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+    }
+    // The control plane's health stays on the client port, as on
+    // sglang-router's.
+    for path in ["/health", "/liveness", "/readiness"] {
+        let r = client.get(stack.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
     // The admin port itself still works, and nothing was added.
     let listed: serde_json::Value = client
         .get(format!("{}/list_workers", stack.admin))

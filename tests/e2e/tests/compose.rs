@@ -260,13 +260,17 @@ async fn the_demo_serves_and_takes_admin_changes_with_its_token() {
     }
     let _one = ONE_AT_A_TIME.lock().await;
     let dir = fresh_dir(&format!("sglang-compose-demo-{}", std::process::id())).unwrap();
-    let compose = Compose::up(true, &[("ADMIN_TOKEN", TOKEN.into())], &dir);
+    let compose = Compose::up(
+        true,
+        &[("ADMIN_TOKEN", TOKEN.into()), ("ADMIN_ROUTES", "on".into())],
+        &dir,
+    );
     // The images are built before the suite; a build here takes minutes.
     wait_ready(&compose, 2, Duration::from_secs(600)).await;
     chat_and_stream_through_envoy().await;
 
-    // Worker changes through Envoy's port: refused without the token,
-    // taken with it.
+    // With ADMIN_ROUTES=on, worker changes through Envoy's port: refused
+    // without the token, taken with it.
     let admin = |path: &str, token: Option<&str>| {
         let mut r = reqwest::Client::new().post(format!("{CLIENT}{path}"));
         if let Some(t) = token {
@@ -339,13 +343,25 @@ async fn compose_fronts_workers_outside_it() {
         served(&workers).await >= before + 2,
         "the chat and the stream reached the workers outside compose"
     );
-    // Without ADMIN_TOKEN, changes through Envoy's port are refused.
-    let r = reqwest::Client::new()
+    // By default (ADMIN_ROUTES=off) the admin API is not on Envoy's port:
+    // a change is Envoy's JSON 404 and reaches no one; the workers, loads
+    // and metrics are not shown to clients; the control plane's health is.
+    let client = reqwest::Client::new();
+    let r = client
         .post(format!("{CLIENT}/remove_worker?url={}", urls[0]))
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 403, "{}", r.text().await.unwrap());
+    assert_eq!(r.status(), 404);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "not_found_error", "{body}");
+    assert_eq!(healthy_workers().await.len(), 2, "nothing was removed");
+    for path in ["/workers", "/list_workers", "/get_loads", "/metrics"] {
+        let r = get(&format!("{CLIENT}{path}")).await.expect(path);
+        assert_eq!(r.status(), 404, "{path} is not shown to clients");
+    }
+    let health = get(&format!("{CLIENT}/health")).await.expect("health");
+    assert_eq!(health.status(), 200);
     down_leaves_nothing(compose);
 }
 

@@ -13,9 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use regex::Regex;
-use serde::Deserialize;
 use serde_yaml::Value;
 use sglang_envoy_e2e::gateway::find_doc;
+use sglang_envoy_e2e::manifests::{
+    compose, env_of, flags, hcm, interpolate_defaults, render, s, strings, template_placeholders,
+    yaml_docs,
+};
 
 fn root() -> PathBuf {
     sglang_envoy_e2e::repo_root()
@@ -23,48 +26,6 @@ fn root() -> PathBuf {
 
 fn read(rel: &str) -> String {
     sglang_envoy_e2e::read_repo_file(rel)
-}
-
-/// Every YAML document of a file (`---` separated), each required to parse.
-fn yaml_docs(rel: &str) -> Vec<Value> {
-    let text = read(rel);
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{rel} is not YAML: {e}")))
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-fn s(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        Value::Bool(b) => b.to_string(),
-        other => panic!("not a scalar: {other:?}"),
-    }
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
-        .unwrap_or_else(|| panic!("not a list: {v:?}"))
-        .iter()
-        .map(s)
-        .collect()
-}
-
-/// `--flag value` pairs of an argument list (a flag without a value maps to "").
-fn flags(args: &[String]) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut i = 0;
-    while i < args.len() {
-        if let Some(f) = args[i].strip_prefix("--") {
-            let value = args.get(i + 1).filter(|v| !v.starts_with("--"));
-            out.insert(format!("--{f}"), value.cloned().unwrap_or_default());
-            i += if value.is_some() { 2 } else { 1 };
-        } else {
-            i += 1;
-        }
-    }
-    out
 }
 
 fn caps<'t>(re: &str, text: &'t str) -> regex::Captures<'t> {
@@ -181,35 +142,6 @@ fn quickstart() -> Quickstart {
     }
 }
 
-/// The placeholders of envoy/envoy.yaml.
-fn template_placeholders() -> BTreeSet<String> {
-    Regex::new(r"\{\{([A-Z_]+)\}\}")
-        .unwrap()
-        .captures_iter(&read("envoy/envoy.yaml"))
-        .map(|c| c[1].to_string())
-        .collect()
-}
-
-/// Runs envoy/render.sh with `env` and returns the rendered text.
-fn render(env: &BTreeMap<String, String>, tag: &str) -> String {
-    let out = std::env::temp_dir().join(format!(
-        "sglang-envoy-deploy-{}-{tag}.yaml",
-        std::process::id()
-    ));
-    let mut cmd = Command::new("sh");
-    cmd.arg(root().join("envoy/render.sh")).arg(&out);
-    for name in template_placeholders() {
-        cmd.env_remove(&name);
-    }
-    cmd.envs(env);
-    let status = cmd.status().expect("run sh");
-    assert!(status.success(), "render.sh failed with {env:?}");
-    let text = std::fs::read_to_string(&out).unwrap();
-    let _ = std::fs::remove_file(&out);
-    assert!(!text.contains("{{"), "placeholders left");
-    text
-}
-
 /// envoy/envoy.yaml rendered with placeholder values of the quick start.
 fn template() -> Value {
     let qs = quickstart();
@@ -228,10 +160,6 @@ fn cluster<'a>(bootstrap: &'a Value, name: &str) -> &'a Value {
         .iter()
         .find(|c| c["name"].as_str() == Some(name))
         .unwrap_or_else(|| panic!("cluster {name}"))
-}
-
-fn hcm(bootstrap: &Value) -> &Value {
-    &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
 }
 
 fn wasm_filter(bootstrap: &Value) -> &Value {
@@ -257,32 +185,6 @@ fn without(v: &Value, key: &str) -> Value {
     let mut v = v.clone();
     v.as_mapping_mut().unwrap().remove(key);
     v
-}
-
-fn compose() -> Value {
-    let docs = yaml_docs("docker-compose.yml");
-    assert_eq!(docs.len(), 1);
-    docs.into_iter().next().unwrap()
-}
-
-/// `NAME` of an environment entry, as a string.
-fn env_of(service: &Value) -> BTreeMap<String, String> {
-    service["environment"]
-        .as_mapping()
-        .expect("environment as a mapping")
-        .iter()
-        .map(|(k, v)| (s(k), s(v)))
-        .collect()
-}
-
-/// `${VAR:-default}` -> default, `${VAR}` -> "".
-fn interpolate_defaults(text: &str) -> String {
-    Regex::new(r"\$\{\w+(?::-([^}]*))?\}")
-        .unwrap()
-        .replace_all(text, |c: &regex::Captures| {
-            c.get(1).map_or("", |m| m.as_str()).to_string()
-        })
-        .into_owned()
 }
 
 /// Dockerfile stages: name -> instructions (continuation lines joined).
@@ -383,7 +285,10 @@ fn compose_runs_the_quickstart_configuration() {
     // Every placeholder has a value; ports are the quick start's, hosts are
     // the container's.
     let env = env_of(envoy);
-    let expected: BTreeSet<String> = template_placeholders();
+    // ...and render.sh's switch for the admin routes (shipped_defaults.rs
+    // checks its value).
+    let mut expected: BTreeSet<String> = template_placeholders();
+    expected.insert("ADMIN_ROUTES".into());
     assert_eq!(env.keys().cloned().collect::<BTreeSet<_>>(), expected);
     for (name, value) in &qs.placeholders {
         match name.as_str() {
@@ -1435,54 +1340,6 @@ fn every_deploy_yaml_parses_with_kind_and_api_version() {
             assert!(d["kind"].is_string(), "{rel}: kind");
             assert!(d["metadata"]["name"].is_string(), "{rel}: metadata.name");
         }
-    }
-}
-
-/// docker compose is safe by default: its Envoy publishes the admin API on
-/// the client port (ADMIN_ROUTES defaults to on) only with every route
-/// marked as coming from a client, so that the control plane (which compose
-/// starts without --admin-token) refuses changes to the workers there
-/// (admin_security.rs shows the refusal on a real Envoy).
-#[test]
-fn compose_client_port_cannot_change_the_workers() {
-    let c = compose();
-    let mut env = env_of(&c["services"]["envoy"]);
-    for v in env.values_mut() {
-        *v = interpolate_defaults(v);
-    }
-    env.retain(|_, v| !v.is_empty());
-    assert!(
-        !env.contains_key("ADMIN_ROUTES"),
-        "compose keeps render.sh's default"
-    );
-    let b: Value = serde_yaml::from_str(&render(&env, "compose-admin")).unwrap();
-    let routes = hcm(&b)["route_config"]["virtual_hosts"][0]["routes"]
-        .as_sequence()
-        .unwrap();
-    let admin: Vec<&Value> = routes
-        .iter()
-        .filter(|r| r["route"]["cluster"].as_str() == Some("sglang_control_plane_admin"))
-        .collect();
-    assert!(admin.iter().any(|r| r["match"]["path"] == "/add_worker"));
-    for r in admin {
-        let marks = r["request_headers_to_add"].as_sequence().expect("marked");
-        assert!(
-            marks
-                .iter()
-                .any(|h| h["header"]["key"] == "x-sglang-envoy-client-port"
-                    && h["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD"),
-            "{:?} is not marked as a client's",
-            r["match"]
-        );
-    }
-    let cp = interpolate_defaults(&s(&c["services"]["control-plane"]["command"]));
-    assert!(!cp.contains("--admin-token"), "no token in the file itself");
-    // The gateway recipes route nothing to the admin API.
-    for f in [
-        "deploy/istio/envoyfilter.yaml",
-        "deploy/envoy-gateway/gateway.yaml",
-    ] {
-        assert!(!read(f).contains("30010"), "{f} exposes the admin port");
     }
 }
 
