@@ -1,7 +1,7 @@
 //! sglang-router 0.3.2's flags that this router does not take as its own,
 //! and its answer to each. A launch line copied from an sglang-router
 //! deployment either starts this router or stops at the first flag it
-//! cannot honour, with a message naming the flag and the README's
+//! cannot honour, with a message naming the flag and the table in docs/flags.md
 //! "sglang-router flags" table, which lists the same answers.
 //!
 //! Flags given with sglang-router's default value change nothing and are
@@ -32,12 +32,12 @@ pub enum Answer {
 }
 
 impl Answer {
-    /// The answer's name in the README table.
+    /// The answer's name in docs/flags.md's table.
     pub fn label(self) -> &'static str {
         match self {
             Answer::Elsewhere(_) => "supported differently",
-            Answer::NotApplicable(_) => "not applicable",
-            Answer::NotYet(_) => "not supported yet",
+            Answer::NotApplicable(_) => "refused: not applicable",
+            Answer::NotYet(_) => "refused: not built yet",
         }
     }
 
@@ -173,7 +173,7 @@ pub fn screen(argv: Vec<OsString>) -> Result<(Vec<OsString>, Vec<String>), Strin
             answer => {
                 return Err(format!(
                     "{name} is an sglang-router flag this router does not take ({}): {}. \
-                     See the README, section \"sglang-router flags\", row {name}.",
+                     See docs/flags.md, section \"sglang-router flags\", row {name}.",
                     answer.label(),
                     answer.reason()
                 ))

@@ -1,5 +1,5 @@
 //! Every flag of sglang-router 0.3.2 is accounted for, launch lines are
-//! screened as the table says, and the README's table agrees with it.
+//! screened as the table says, and docs/flags.md's table agrees with it.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -195,19 +195,19 @@ fn the_screen_leaves_unknown_flags_to_clap() {
 }
 
 #[test]
-fn the_readme_table_gives_every_flag_the_same_answer() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let section = readme
+fn the_flag_table_gives_every_flag_the_same_answer() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/flags.md")).unwrap();
+    let section = doc
         .split("## sglang-router flags")
         .nth(1)
-        .expect("a README section \"sglang-router flags\"");
+        .expect("a docs/flags.md section \"sglang-router flags\"");
     let own = own_flags();
     for name in SGLANG_ROUTER_0_3_2 {
         let row = section
             .lines()
             .find(|l| l.starts_with(&format!("| `{name}`")))
-            .unwrap_or_else(|| panic!("no README row for {name}"));
+            .unwrap_or_else(|| panic!("no docs/flags.md row for {name}"));
         let label = match PEER_FLAGS.iter().find(|f| f.name == *name) {
             Some(f) => f.answer.label(),
             None => {
@@ -216,12 +216,12 @@ fn the_readme_table_gives_every_flag_the_same_answer() {
             }
         };
         let cell = row.split('|').nth(2).unwrap_or_default().trim();
-        assert_eq!(cell, label, "README row of {name}: {row}");
+        assert_eq!(cell, label, "docs/flags.md row of {name}: {row}");
         if let Some(f) = PEER_FLAGS.iter().find(|f| f.name == *name) {
             if let Answer::Elsewhere(_) = f.answer {
                 assert!(
                     row.contains(f.answer.reason()),
-                    "{name}: the README says how"
+                    "{name}: docs/flags.md says how"
                 );
             }
         }

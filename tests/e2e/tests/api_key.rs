@@ -72,7 +72,7 @@ async fn inference_needs_the_key_and_the_control_plane_passes_it_to_workers() {
 
     if FrontDoor::current().is_ext_proc() {
         // Envoy's ext_proc filter fails open without the control plane:
-        // nothing of the router checks the key then (README, ext_proc).
+        // nothing of the router checks the key then (docs/envoy.md, ext_proc).
         return;
     }
     stack.kill_control_plane();

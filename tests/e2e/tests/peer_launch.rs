@@ -1,7 +1,7 @@
 //! Launch lines copied from sglang-router deployments: the flags this
 //! router takes differently are accepted (and `--prometheus-port` serves
 //! the metrics there), the ones it cannot honour stop the control plane
-//! with a message naming the flag and the README's table.
+//! with a message naming the flag and the table in docs/flags.md.
 
 use std::process::Command;
 
