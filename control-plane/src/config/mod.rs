@@ -65,6 +65,7 @@ impl WireProfileFlag {
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "sglang-envoy-control-plane",
+    version,
     about = "Routes SGLang requests for Envoy: worker registry, health checks, loads, cache-aware policies, EDS and admin API"
 )]
 pub struct Args {
@@ -109,7 +110,7 @@ pub struct Args {
 
     /// The spelling of the DP and PD fields written into request bodies:
     /// `auto` (each worker's, from its SGLang version), `seeds` or
-    /// `upstream` (see the README, "Wire profiles").
+    /// `upstream` (see docs/routing.md, "Wire profiles").
     #[arg(long, value_enum, default_value = "auto")]
     pub wire_profile: WireProfileFlag,
 
@@ -309,9 +310,9 @@ pub struct Args {
     pub grpc_health_port: Option<u16>,
 
     /// Bearer token required by the admin API's mutating endpoints (add and
-    /// remove workers). Without it anyone who reaches the admin port (or
-    /// Envoy's client port, which routes the admin paths) can change the
-    /// fleet; set it in production.
+    /// remove workers). Without it anyone who reaches the admin port can
+    /// change the fleet (Envoy's client port refuses changes then); set it
+    /// in production, or keep --host on loopback.
     #[arg(long, env = "SGLANG_ENVOY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 

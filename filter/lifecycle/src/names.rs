@@ -17,7 +17,7 @@ pub const PREFILL_CLUSTER: &str = "sglang_prefill_workers";
 pub const ERROR_HEADER: &str = "x-sglang-envoy-error";
 
 /// The largest request body the wasm filter accepts by default.
-/// sglang-router's `--max-payload-size` default is 256 MiB; a wasm VM per
+/// sglang-router's `--max-payload-size` default is 512 MiB (0.3.2); a wasm VM per
 /// Envoy thread holding that much is not sensible, and 32 MiB is already
 /// far beyond any real prompt.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;

@@ -239,8 +239,8 @@ async fn the_admin_api_can_be_kept_off_the_client_port() {
     .unwrap();
     let extra = SimWorker::start(&stack.dir, &[]).await.unwrap();
     let client = reqwest::Client::new();
-    // Through Envoy the admin paths are no longer the control plane's: the
-    // request goes to a worker like any other path, which does not know it.
+    // Through Envoy the admin paths are no longer routed: Envoy answers its
+    // JSON 404, as for any path the router does not serve.
     let r = client
         .post(stack.url(&format!("/add_worker?url={}", extra.url)))
         .send()

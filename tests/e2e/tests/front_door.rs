@@ -12,8 +12,9 @@ use sglang_envoy_e2e::{
 
 /// ext_proc mode: with the control plane dead, requests keep flowing to the
 /// workers Envoy last learnt through EDS (its fallback round robin), and a
-/// client still cannot choose the worker. (The wasm filter fails closed: see
-/// `errors::control_plane_down_is_a_prompt_answer`.)
+/// client still cannot choose the worker. (The wasm filter falls back to
+/// the workers it last knew as healthy, `outage.rs`, and fails closed only
+/// without any: `errors::control_plane_down_with_no_healthy_worker_known_is_a_prompt_answer`.)
 /// The picker setup (full-duplex bodies) cannot fail open: Envoy has handed
 /// the body to the control plane. With the control plane dead each request
 /// gets a prompt JSON 503 and reaches no worker; once it is back, requests
