@@ -60,7 +60,7 @@ scheme=http; curl_tls=()
 if [ -n "$LISTEN_TLS_CERT" ]; then scheme=https; curl_tls=(-k); fi
 render_envoy_config "$RUN/envoy.yaml" 127.0.0.1 "$PORT" "$ENVOY_ADMIN_PORT" 127.0.0.1 "$CP_GRPC_PORT" "$CP_ADMIN_PORT"
 log "starting Envoy on :$PORT"
-"$VENV/bin/envoy" -c "$RUN/envoy.yaml" --concurrency 2 --log-level warn >"$RUN/envoy.log" 2>&1 &
+"$VENV/bin/envoy" -c "$RUN/envoy.yaml" --concurrency 2 --log-level warn --use-dynamic-base-id >"$RUN/envoy.log" 2>&1 &
 pids+=($!)
 wait_http "$scheme://127.0.0.1:$PORT/health" 60 ${curl_tls[@]+"${curl_tls[@]}"}
 

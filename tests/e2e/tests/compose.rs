@@ -1,4 +1,4 @@
-//! `docker compose` as a user runs it (README "Docker compose"): the
+//! `docker compose` as a user runs it (README, "Docker compose"): the
 //! README's command in the repository, with the images the Dockerfile
 //! builds, against a real Docker engine (scripts/docker-images.sh starts one
 //! and makes the base images where no registry answers; scripts/test.sh
@@ -371,4 +371,97 @@ async fn served(workers: &[SimWorker]) -> u64 {
         total += w.served().await;
     }
     total
+}
+
+/// The README's commands block that the marker names this test for.
+fn readme_block_tested_by(test: &str) -> Vec<String> {
+    let readme = sglang_envoy_e2e::read_repo_file("README.md");
+    let marker = readme
+        .find(&format!("compose.rs::{test}"))
+        .expect("the README names this test");
+    let block = &readme[marker..];
+    let start = block.find("```sh\n").expect("a block after the marker") + 6;
+    let end = start + block[start..].find("```").unwrap();
+    block[start..end]
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect()
+}
+
+fn docker(args: &[&str]) -> std::process::Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker runs")
+}
+
+/// Users without Rust take the wasm file out of the `filter` image and run
+/// the `control-plane` image, with the README's commands as written. The
+/// images are the ones compose builds from the same Dockerfile targets
+/// (each build takes minutes, so the suite builds them once), tagged with
+/// the README's names.
+#[tokio::test]
+async fn the_readmes_commands_take_the_artefacts_out_of_the_images() {
+    if skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let build = Command::new("docker")
+        .args(["compose", "build", "-q", "filter", "control-plane"])
+        .env("COMPOSE_PROJECT_NAME", PROJECT)
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    assert!(build.status.success(), "{build:?}");
+    let readme = sglang_envoy_e2e::read_repo_file("README.md");
+    for (target, name) in [
+        ("control-plane", "sglang-envoy-control-plane"),
+        ("filter", "sglang-envoy-filter"),
+    ] {
+        assert!(
+            readme.contains(&format!("docker build --target {target} -t {name} .")),
+            "the README builds {name} from the target compose builds"
+        );
+        let tag = docker(&["tag", &format!("{PROJECT}-{target}"), name]);
+        assert!(tag.status.success(), "{tag:?}");
+    }
+
+    let dir = fresh_dir(&format!("sglang-compose-artefacts-{}", std::process::id())).unwrap();
+    let commands =
+        readme_block_tested_by("the_readmes_commands_take_the_artefacts_out_of_the_images");
+    assert!(commands.len() >= 3, "{commands:?}");
+    let mut last = String::new();
+    for c in &commands {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(c)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{c}: {out:?}");
+        last = String::from_utf8_lossy(&out.stdout).to_string();
+    }
+    let wasm = std::fs::read(dir.join("sglang_envoy_filter.wasm")).expect("the file came out");
+    assert!(wasm.starts_with(b"\0asm"), "a wasm module");
+    let exports = |name: &[u8]| wasm.windows(name.len()).any(|w| w == name);
+    assert!(
+        exports(b"proxy_abi_version_0_2_1") && exports(b"proxy_on_context_create"),
+        "a proxy-wasm filter"
+    );
+    assert!(
+        last.starts_with("sglang-envoy-control-plane "),
+        "the control plane's image runs: {last}"
+    );
+    assert!(
+        !docker(&["ps", "-a", "--format", "{{.Names}}"])
+            .stdout
+            .windows(13)
+            .any(|w| w == b"sglang-filter"),
+        "the README's container is removed"
+    );
+    for name in ["sglang-envoy-control-plane", "sglang-envoy-filter"] {
+        docker(&["rmi", name]);
+    }
 }
