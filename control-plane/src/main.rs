@@ -7,6 +7,7 @@
 //!   front door;
 //! - HTTP on `--admin-port`: the admin API and `/metrics`.
 
+use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,7 +111,13 @@ fn init_logging(args: &Args) -> anyhow::Result<Option<SdkTracerProvider>> {
         )
     });
     tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_filter(filter))
+        // Colours only on a terminal: files, pipes and Kubernetes logs get
+        // plain text.
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(std::io::stdout().is_terminal())
+                .with_filter(filter),
+        )
         .with(spans)
         .init();
     Ok(provider)

@@ -151,7 +151,7 @@ impl Metrics {
         );
         registry.register(
             "sgl_router_worker_healthy",
-            "1 when the worker gets new requests",
+            "1 when the worker passes its health checks (whether its circuit lets requests through: sgl_router_worker_circuit_state)",
             m.worker_healthy.clone(),
         );
         registry.register(

@@ -107,7 +107,11 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = EnvFilter::try_new(&cli.log_level)
         .with_context(|| format!("bad --log-level {:?}", cli.log_level))?;
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    // Colours only on a terminal: log files get plain text.
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .init();
 
     let listener = tokio::net::TcpListener::bind((cli.host.as_str(), cli.port))
         .await
