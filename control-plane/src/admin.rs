@@ -5,9 +5,10 @@
 
 mod workers;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{Query, Request, State};
+use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -68,11 +69,41 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
+/// Where a request to the admin API came from, as far as it matters when no
+/// credential is configured.
+enum Origin {
+    /// Through Envoy's client port (its routes mark the request).
+    ClientPort,
+    /// Straight to the admin port from a loopback address.
+    ThisHost,
+    /// Straight to the admin port from elsewhere, or from an unknown peer.
+    AnotherHost,
+}
+
+fn origin(headers: &HeaderMap, request: &Request) -> Origin {
+    if headers.contains_key(CLIENT_PORT_HEADER) {
+        return Origin::ClientPort;
+    }
+    // The peer, when the server recorded it (main.rs serves with connect
+    // info); unknown counts as another host.
+    let local = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .is_some_and(|ConnectInfo(peer)| peer.ip().to_canonical().is_loopback());
+    if local {
+        Origin::ThisHost
+    } else {
+        Origin::AnotherHost
+    }
+}
+
 /// Changes need an admin's credentials (`auth/`): 401 without a bearer
 /// token or with a JWT that does not validate, 403 with a token that is no
 /// credential or whose holder is not an admin. With no credential
-/// configured, changes are served only on the admin port itself: through
-/// Envoy's client port anyone could otherwise redirect all traffic.
+/// configured, changes are served only to this host (a loopback peer) on
+/// the admin port itself: through Envoy's client port, or from any host
+/// that reaches an admin port opened with `--host 0.0.0.0`, anyone could
+/// otherwise redirect all traffic.
 async fn require_token(
     State(s): State<AdminState>,
     headers: HeaderMap,
@@ -83,27 +114,31 @@ async fn require_token(
     let method = request.method().to_string();
     let path = request.uri().path().to_string();
     if !s.auth.is_configured() {
-        if headers.contains_key(CLIENT_PORT_HEADER) {
-            audit.record(
-                Outcome::Denied,
+        let refusal = match origin(&headers, &request) {
+            Origin::ClientPort => Some((
                 "(client port)",
-                &method,
-                &path,
-                "no admin credential is configured",
-            );
-            return error(
-                StatusCode::FORBIDDEN,
-                "permission_error",
                 "changing the workers through the router's client port needs an admin \
                  token (--admin-token); without one, use the control plane's admin port",
-            );
+            )),
+            Origin::AnotherHost => Some((
+                "(another host)",
+                "changing the workers from another host needs an admin credential \
+                 (--admin-token, --control-plane-api-keys or --jwt-issuer); without one, \
+                 the admin port takes changes from its own host only",
+            )),
+            Origin::ThisHost => None,
+        };
+        let reason = "no admin credential is configured";
+        if let Some((who, message)) = refusal {
+            audit.record(Outcome::Denied, who, &method, &path, reason);
+            return error(StatusCode::FORBIDDEN, "permission_error", message);
         }
         audit.record(
             Outcome::Allowed,
-            "(admin port)",
+            "(admin port, this host)",
             &method,
             &path,
-            "no admin credential is configured",
+            reason,
         );
         return next.run(request).await;
     }

@@ -53,7 +53,7 @@ async fn main() -> anyhow::Result<()> {
         && args.auth.jwt_issuer.is_none()
     {
         if args.host.is_loopback() {
-            warn!("no --admin-token, --control-plane-api-keys or --jwt-issuer: anyone who reaches the admin port can add and remove workers");
+            warn!("no --admin-token, --control-plane-api-keys or --jwt-issuer: the admin port takes changes to the workers from this host only");
         } else {
             // sglang-router's habitual `--host 0.0.0.0` opens the admin API
             // and the gRPC port here, not a client port: say it loudly.
@@ -61,7 +61,7 @@ async fn main() -> anyhow::Result<()> {
                 host = %args.host,
                 admin_port = args.admin_port,
                 grpc_port = args.grpc_port,
-                "--host is not a loopback address and there is no --admin-token, --control-plane-api-keys or --jwt-issuer: anyone on the network can add and remove workers on the admin port, and call the gRPC port; set a credential (docs/security.md) or keep --host on loopback"
+                "--host is not a loopback address and there is no --admin-token, --control-plane-api-keys or --jwt-issuer: the admin port refuses changes to the workers from other hosts (403), and anyone on the network can call the gRPC port; set a credential (docs/security.md) or keep --host on loopback"
             );
         }
     }
@@ -277,7 +277,12 @@ impl Router {
             }
             None => None,
         };
-        let admin = axum::serve(listener, admin::router(state));
+        // With each peer's address: changes without a credential are taken
+        // from this host only (admin.rs, require_token).
+        let admin = axum::serve(
+            listener,
+            admin::router(state).into_make_service_with_connect_info::<SocketAddr>(),
+        );
         info!(%grpc_addr, %admin_addr, "control plane listening");
 
         let prometheus = async move {

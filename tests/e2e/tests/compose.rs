@@ -4,11 +4,15 @@
 //! and makes the base images where no registry answers; scripts/test.sh
 //! builds the project's images before the suite, once per run).
 //!
-//! - the demo (`--profile demo`): health, a chat completion and an SSE
-//!   stream through Envoy on :30000, a worker removed and added again
-//!   through the admin API with the token (refused without it), `/metrics`;
+//! - the demo (`--profile demo`) as typed, with no .env: health, a chat
+//!   completion and an SSE stream through Envoy on :30000, the admin API
+//!   kept off that port, a worker removed and added again from inside the
+//!   control plane's container (without a token, changes are its host's),
+//!   `/metrics` on the admin port;
 //! - in front of workers outside compose (`WORKER_URLS`, here simulated
-//!   workers on this machine, reached as host.docker.internal);
+//!   workers on this machine, reached as host.docker.internal), with
+//!   `ADMIN_TOKEN` and `ADMIN_ROUTES=on`: changes through Envoy's port
+//!   refused without the token, taken with it;
 //!
 //! each ended with `docker compose down`, after which nothing of it is left.
 //! They run once, in the wasm pass of scripts/test.sh (compose runs the wasm
@@ -254,44 +258,57 @@ fn down_leaves_nothing(mut compose: Compose) {
 }
 
 #[tokio::test]
-async fn the_demo_serves_and_takes_admin_changes_with_its_token() {
+async fn the_demo_as_typed_serves_and_keeps_worker_changes_to_its_host() {
     if skip() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().await;
     let dir = fresh_dir(&format!("sglang-compose-demo-{}", std::process::id())).unwrap();
-    let compose = Compose::up(
-        true,
-        &[("ADMIN_TOKEN", TOKEN.into()), ("ADMIN_ROUTES", "on".into())],
-        &dir,
-    );
+    // No .env: the README's command as typed. Its worker registration runs
+    // in the control plane's network namespace, so it is this host's.
+    let compose = Compose::up(true, &[], &dir);
     // The images are built before the suite; a build here takes minutes.
     wait_ready(&compose, 2, Duration::from_secs(600)).await;
     chat_and_stream_through_envoy().await;
 
-    // With ADMIN_ROUTES=on, worker changes through Envoy's port: refused
-    // without the token, taken with it.
-    let admin = |path: &str, token: Option<&str>| {
-        let mut r = reqwest::Client::new().post(format!("{CLIENT}{path}"));
-        if let Some(t) = token {
-            r = r.bearer_auth(t);
-        }
-        r.timeout(Duration::from_secs(30)).send()
+    // Defaults: the admin API is not on Envoy's port (Envoy's JSON 404,
+    // nothing removed); the control plane's health is.
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{CLIENT}/remove_worker?url=http://worker-2:31002"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "not_found_error", "{body}");
+    for path in ["/workers", "/list_workers", "/get_loads", "/metrics"] {
+        let r = get(&format!("{CLIENT}{path}")).await.expect(path);
+        assert_eq!(r.status(), 404, "{path} is not shown to clients");
+    }
+    let health = get(&format!("{CLIENT}/health")).await.expect("health");
+    assert_eq!(health.status(), 200);
+    assert_eq!(healthy_workers().await.len(), 2, "nothing was removed");
+
+    // Without ADMIN_TOKEN, changes are taken on the control plane's own
+    // host: inside its container, as the docs say to make them.
+    let exec = |path: &str| {
+        compose.run(&[
+            "exec",
+            "-T",
+            "control-plane",
+            "curl",
+            "-fsS",
+            "-X",
+            "POST",
+            &format!("http://127.0.0.1:30010{path}"),
+        ])
     };
-    let worker = "http://worker-2:31002";
-    let refused = admin(&format!("/remove_worker?url={worker}"), None)
-        .await
-        .unwrap();
-    assert_eq!(refused.status(), 401, "{}", refused.text().await.unwrap());
-    let removed = admin(&format!("/remove_worker?url={worker}"), Some(TOKEN))
-        .await
-        .unwrap();
-    assert_eq!(removed.status(), 200, "{}", removed.text().await.unwrap());
+    let removed = exec("/remove_worker?url=http://worker-2:31002");
+    assert!(removed.contains("Successfully removed"), "{removed}");
     assert_eq!(healthy_workers().await, ["http://worker-1:31001"]);
-    let added = admin(&format!("/add_worker?url={worker}"), Some(TOKEN))
-        .await
-        .unwrap();
-    assert_eq!(added.status(), 200, "{}", added.text().await.unwrap());
+    let added = exec("/add_worker?url=http://worker-2:31002");
+    assert!(added.contains("Successfully added"), "{added}");
     assert!(
         wait_until(Duration::from_secs(10), || async {
             healthy_workers().await.len() == 2
@@ -300,7 +317,8 @@ async fn the_demo_serves_and_takes_admin_changes_with_its_token() {
         "the worker came back"
     );
 
-    let metrics = get(&format!("{CLIENT}/metrics")).await.expect("metrics");
+    // Metrics on the admin port, published on the host's loopback.
+    let metrics = get(&format!("{ADMIN}/metrics")).await.expect("metrics");
     assert_eq!(metrics.status(), 200);
     let text = metrics.text().await.unwrap();
     let routed: f64 = text
@@ -335,7 +353,17 @@ async fn compose_fronts_workers_outside_it() {
         .iter()
         .map(|w| format!("http://host.docker.internal:{}", w.port()))
         .collect();
-    let compose = Compose::up(false, &[("WORKER_URLS", urls.join(" "))], &dir);
+    // As .env would set them: the workers, a token, and the admin API on
+    // Envoy's port too.
+    let compose = Compose::up(
+        false,
+        &[
+            ("WORKER_URLS", urls.join(" ")),
+            ("ADMIN_TOKEN", TOKEN.into()),
+            ("ADMIN_ROUTES", "on".into()),
+        ],
+        &dir,
+    );
     wait_ready(&compose, 2, Duration::from_secs(600)).await;
     let before: u64 = served(&workers).await;
     chat_and_stream_through_envoy().await;
@@ -343,25 +371,33 @@ async fn compose_fronts_workers_outside_it() {
         served(&workers).await >= before + 2,
         "the chat and the stream reached the workers outside compose"
     );
-    // By default (ADMIN_ROUTES=off) the admin API is not on Envoy's port:
-    // a change is Envoy's JSON 404 and reaches no one; the workers, loads
-    // and metrics are not shown to clients; the control plane's health is.
-    let client = reqwest::Client::new();
-    let r = client
-        .post(format!("{CLIENT}/remove_worker?url={}", urls[0]))
-        .send()
+
+    // Worker changes through Envoy's port: refused without the token,
+    // taken with it.
+    let admin = |path: &str, token: Option<&str>| {
+        let mut r = reqwest::Client::new().post(format!("{CLIENT}{path}"));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.timeout(Duration::from_secs(30)).send()
+    };
+    let path = format!("/remove_worker?url={}", urls[1]);
+    let refused = admin(&path, None).await.unwrap();
+    assert_eq!(refused.status(), 401, "{}", refused.text().await.unwrap());
+    let removed = admin(&path, Some(TOKEN)).await.unwrap();
+    assert_eq!(removed.status(), 200, "{}", removed.text().await.unwrap());
+    assert_eq!(healthy_workers().await, [urls[0].clone()]);
+    let added = admin(&format!("/add_worker?url={}", urls[1]), Some(TOKEN))
         .await
         .unwrap();
-    assert_eq!(r.status(), 404);
-    let body: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(body["error"]["type"], "not_found_error", "{body}");
-    assert_eq!(healthy_workers().await.len(), 2, "nothing was removed");
-    for path in ["/workers", "/list_workers", "/get_loads", "/metrics"] {
-        let r = get(&format!("{CLIENT}{path}")).await.expect(path);
-        assert_eq!(r.status(), 404, "{path} is not shown to clients");
-    }
-    let health = get(&format!("{CLIENT}/health")).await.expect("health");
-    assert_eq!(health.status(), 200);
+    assert_eq!(added.status(), 200, "{}", added.text().await.unwrap());
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            healthy_workers().await.len() == 2
+        })
+        .await,
+        "the worker came back"
+    );
     down_leaves_nothing(compose);
 }
 
@@ -418,7 +454,7 @@ async fn the_readmes_commands_take_the_artefacts_out_of_the_images() {
     let readme = sglang_envoy_e2e::read_repo_file("README.md");
     for (target, name) in [
         ("control-plane", "sglang-envoy-control-plane"),
-        ("filter", "sglang-envoy-filter"),
+        ("filter", "sglang-envoy-filter-file"),
     ] {
         assert!(
             readme.contains(&format!("docker build --target {target} -t {name} .")),
@@ -461,7 +497,7 @@ async fn the_readmes_commands_take_the_artefacts_out_of_the_images() {
             .any(|w| w == b"sglang-filter"),
         "the README's container is removed"
     );
-    for name in ["sglang-envoy-control-plane", "sglang-envoy-filter"] {
+    for name in ["sglang-envoy-control-plane", "sglang-envoy-filter-file"] {
         docker(&["rmi", name]);
     }
 }

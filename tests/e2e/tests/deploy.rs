@@ -427,7 +427,10 @@ fn compose_demo_profile_mirrors_the_quickstart_workers() {
         .expect("a demo registration service");
     let script = strings(&register["command"]).join(" ");
     let admin = &qs.cp_flags["--admin-port"];
-    assert!(script.contains(&format!("http://control-plane:{admin}/add_worker?url=")));
+    // From the control plane's own host (its network namespace): without
+    // ADMIN_TOKEN the admin port takes changes from there only.
+    assert_eq!(s(&register["network_mode"]), "service:control-plane");
+    assert!(script.contains(&format!("http://127.0.0.1:{admin}/add_worker?url=")));
     let urls: Vec<String> = Regex::new(r"http://([\w-]+):(\d+)(?:\s|;)")
         .unwrap()
         .captures_iter(&script)

@@ -287,44 +287,87 @@ fn gateway_recipes_send_clients_only_to_workers() {
     }
 }
 
+/// This machine's address on its default route (no packet is sent), or
+/// None when it has no network but loopback.
+fn non_loopback_ip() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
 /// sglang-router's habitual `--host 0.0.0.0` opens the admin API and the
-/// gRPC port here: without a credential the control plane says so at start.
+/// gRPC port here. Without a credential the control plane says so at start,
+/// and its admin port takes changes to the workers from its own host only:
+/// another host gets 403 (with a credential, the credential decides).
 #[tokio::test]
-async fn a_control_plane_on_every_interface_without_a_credential_warns() {
+async fn on_every_interface_without_a_credential_only_this_host_changes_the_workers() {
     let dir = fresh_dir(&format!("sglang-shipped-{}", std::process::id())).unwrap();
     let launch = |name: &str, extra: &[&str]| {
+        let port = free_port();
         let mut args: Vec<String> = vec![
             "--admin-port".into(),
-            free_port().to_string(),
+            port.to_string(),
             "--grpc-port".into(),
             free_port().to_string(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
-        Proc::spawn(
-            name,
-            &release_bin("sglang-envoy-control-plane"),
-            &args,
-            &dir,
-        )
-        .unwrap()
+        let bin = release_bin("sglang-envoy-control-plane");
+        (Proc::spawn(name, &bin, &args, &dir).unwrap(), port)
     };
-    let open = launch("open", &["--host", "0.0.0.0"]);
-    let guarded = launch("guarded", &["--host", "0.0.0.0", "--admin-token", "t"]);
-    let local = launch("local", &[]);
-    let warning = "anyone on the network can add and remove workers";
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !open.log().contains(warning) {
-        assert!(Instant::now() < deadline, "no warning: {}", open.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Both others have started by now (they log the same way): neither warns
-    // about the network.
-    for p in [&guarded, &local] {
+    let (open, open_port) = launch("open", &["--host", "0.0.0.0"]);
+    let (guarded, guarded_port) = launch("guarded", &["--host", "0.0.0.0", "--admin-token", "t"]);
+    let (local, _) = launch("local", &[]);
+    let warning = "refuses changes to the workers from other hosts";
+    for p in [&open, &guarded, &local] {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !p.log().contains("control plane listening") {
             assert!(Instant::now() < deadline, "not started: {}", p.log());
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+    assert!(open.log().contains(warning), "{}", open.log());
+    for p in [&guarded, &local] {
         assert!(!p.log().contains(warning), "{}", p.log());
     }
+
+    let Some(ip) = non_loopback_ip() else {
+        assert!(std::env::var("CI").is_err(), "CI machines have a network");
+        eprintln!("skipped the remote half: no address but loopback here");
+        return;
+    };
+    let client = reqwest::Client::new();
+    // An unknown worker: 404 once the request reaches the handler.
+    let remove = |host: String, port: u16, token: Option<&'static str>| {
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let mut r = client.post(format!(
+            "http://{host}:{port}/remove_worker?url=http://10.9.9.9:1"
+        ));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        async move { r.send().await.unwrap() }
+    };
+    let r = remove(ip.to_string(), open_port, None).await;
+    assert_eq!(r.status(), 403, "from {ip}");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "permission_error", "{body}");
+    let r = remove("127.0.0.1".into(), open_port, None).await;
+    assert_eq!(r.status(), 404, "this host reaches the handler");
+    let r = remove(ip.to_string(), guarded_port, Some("t")).await;
+    assert_eq!(
+        r.status(),
+        404,
+        "the credential decides, wherever it comes from"
+    );
+    let r = remove("127.0.0.1".into(), guarded_port, None).await;
+    assert_eq!(
+        r.status(),
+        401,
+        "with a credential configured, loopback needs it too"
+    );
 }
