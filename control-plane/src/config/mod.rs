@@ -310,9 +310,9 @@ pub struct Args {
     pub grpc_health_port: Option<u16>,
 
     /// Bearer token required by the admin API's mutating endpoints (add and
-    /// remove workers). Without it anyone who reaches the admin port can
-    /// change the fleet (Envoy's client port refuses changes then); set it
-    /// in production, or keep --host on loopback.
+    /// remove workers). Without it the admin port takes changes from its
+    /// own host only (Envoy's client port and other hosts get 403); set it
+    /// to manage the fleet from elsewhere.
     #[arg(long, env = "SGLANG_ENVOY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
@@ -496,6 +496,12 @@ impl Args {
             args.admin_token = None;
         }
         args.peer_notes = notes;
+        for (flag, how) in peer_flags::OWN_BUT_DIFFERENT {
+            let id = flag.trim_start_matches("--").replace('-', "_");
+            if matches.value_source(&id) == Some(clap::parser::ValueSource::CommandLine) {
+                args.peer_notes.push(format!("{flag}: {how}"));
+            }
+        }
         args.prefill_groups = matches
             .get_occurrences::<String>("prefill")
             .map(|groups| groups.map(|g| g.cloned().collect()).collect())

@@ -83,6 +83,36 @@ const TOKENIZER: &str = "the router inside Envoy forwards HTTP: it does not toke
 const HISTORY: &str = "the router keeps no conversation history: it forwards the OpenAI/SGLang endpoints to workers and stores nothing";
 const TLS: &str = "clients reach Envoy's listener, which serves TLS with these files: envoy/render.sh's LISTEN_TLS_CERT/LISTEN_TLS_KEY, which scripts/quickstart.sh takes from these flags (docker compose from .env); an Envoy configured elsewhere needs its own DownstreamTlsContext";
 
+/// sglang-router flags this control plane parses under the same name but
+/// that mean something else here or change nothing, with how: labelled
+/// "supported differently" in docs/flags.md, and noted at start when given.
+pub const OWN_BUT_DIFFERENT: &[(&str, &str)] = &[
+    (
+        "--worker-startup-check-interval",
+        "accepted and changes nothing: sglang-router 0.3.2 polls each worker's /get_load at this period for power_of_two, which here compares its own live in-flight counts",
+    ),
+    (
+        "--request-timeout-secs",
+        "a request whose end is never reported stops counting after this; Envoy's route timeout (1800 s in envoy/envoy.yaml) bounds the request itself",
+    ),
+    (
+        "--retry-initial-backoff-ms",
+        "accepted and changes nothing: Envoy retries with the route's retry_back_off (50 ms to 30 s, doubling, full jitter)",
+    ),
+    (
+        "--retry-max-backoff-ms",
+        "accepted and changes nothing: Envoy retries with the route's retry_back_off (50 ms to 30 s, doubling, full jitter)",
+    ),
+    (
+        "--retry-backoff-multiplier",
+        "accepted and changes nothing: Envoy retries with the route's retry_back_off (50 ms to 30 s, doubling, full jitter)",
+    ),
+    (
+        "--retry-jitter-factor",
+        "accepted and changes nothing: Envoy retries with the route's retry_back_off (50 ms to 30 s, doubling, full jitter)",
+    ),
+];
+
 /// sglang-router 0.3.2's flags this router does not parse itself.
 pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--port", One, "30000", Elsewhere("clients reach Envoy's listener, whose port is set where Envoy is configured (PORT for scripts/quickstart.sh, the listener in envoy/envoy.yaml); the control plane listens on --admin-port and --grpc-port")),
