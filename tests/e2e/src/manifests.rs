@@ -56,6 +56,17 @@ pub fn flags(args: &[String]) -> BTreeMap<String, String> {
     out
 }
 
+/// Values for the Envoy templates' address placeholders, as a local
+/// launch renders them (the quick start's ports on loopback).
+pub const LOCAL_ADDRESSES: [(&str, &str); 6] = [
+    ("LISTEN_HOST", "127.0.0.1"),
+    ("LISTEN_PORT", "30000"),
+    ("ENVOY_ADMIN_PORT", "9901"),
+    ("CONTROL_PLANE_HOST", "127.0.0.1"),
+    ("CONTROL_PLANE_GRPC_PORT", "30011"),
+    ("CONTROL_PLANE_ADMIN_PORT", "30010"),
+];
+
 /// The placeholders of envoy/envoy.yaml.
 pub fn template_placeholders() -> BTreeSet<String> {
     Regex::new(r"\{\{([A-Z_]+)\}\}")

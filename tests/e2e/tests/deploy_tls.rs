@@ -51,14 +51,7 @@ fn render(template: &str, tag: &str, tls: &[(&str, String)]) -> Result<Value, St
     let out = scratch(&format!("{tag}.yaml"));
     let mut cmd = Command::new("sh");
     cmd.arg(root().join("envoy/render.sh")).arg(&out);
-    for (name, value) in [
-        ("LISTEN_HOST", "127.0.0.1"),
-        ("LISTEN_PORT", "30000"),
-        ("ENVOY_ADMIN_PORT", "9901"),
-        ("CONTROL_PLANE_HOST", "127.0.0.1"),
-        ("CONTROL_PLANE_GRPC_PORT", "30011"),
-        ("CONTROL_PLANE_ADMIN_PORT", "30010"),
-    ] {
+    for (name, value) in sglang_envoy_e2e::manifests::LOCAL_ADDRESSES {
         cmd.env(name, value);
     }
     let wasm = root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");

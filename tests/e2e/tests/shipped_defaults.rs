@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde_yaml::Value;
 use sglang_envoy_e2e::manifests::{
     compose, env_of, flags, interpolate_defaults, render, routes, s, strings, yaml_docs,
+    LOCAL_ADDRESSES,
 };
 use sglang_envoy_e2e::{free_port, fresh_dir, read_repo_file, release_bin, repo_root, Proc};
 
@@ -26,19 +27,12 @@ const HEALTH: [&str; 3] = ["/health", "/liveness", "/readiness"];
 
 /// A template rendered with only the placeholders set: render.sh's defaults.
 fn rendered(template: &str, extra: &[(&str, &str)]) -> Value {
-    let mut env: BTreeMap<String, String> = [
-        ("LISTEN_HOST", "127.0.0.1"),
-        ("LISTEN_PORT", "30000"),
-        ("ENVOY_ADMIN_PORT", "9901"),
-        ("CONTROL_PLANE_HOST", "127.0.0.1"),
-        ("CONTROL_PLANE_GRPC_PORT", "30011"),
-        ("CONTROL_PLANE_ADMIN_PORT", "30010"),
-        ("FILTER_WASM", "/filter/sglang_envoy_filter.wasm"),
-    ]
-    .into_iter()
-    .chain(extra.iter().copied())
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let mut env: BTreeMap<String, String> = LOCAL_ADDRESSES
+        .into_iter()
+        .chain([("FILTER_WASM", "/filter/sglang_envoy_filter.wasm")])
+        .chain(extra.iter().copied())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     env.insert(
         "ENVOY_TEMPLATE".into(),
         repo_root().join(template).display().to_string(),
