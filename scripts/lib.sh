@@ -64,14 +64,14 @@ ensure_cargo_fuzz() {
   fi
 }
 
-# run_fuzz SECONDS: runs every fuzz target of filter/body/fuzz for SECONDS
+# run_fuzz SECONDS: runs every fuzz target of request/body/fuzz for SECONDS
 # each, starting from the kept seeds (fuzz/seeds/TARGET) plus what earlier
 # runs found (fuzz/corpus/TARGET, not kept in git). A failed property stops
-# with the input in filter/body/fuzz/artifacts/TARGET/.
+# with the input in request/body/fuzz/artifacts/TARGET/.
 run_fuzz() {
   local secs="$1" t targets
   (
-    cd "$ROOT/filter/body"
+    cd "$ROOT/request/body"
     cargo fmt --manifest-path fuzz/Cargo.toml -- --check
     # An assignment, not the loop's word list: a failing `cargo fuzz list`
     # must stop the run (set -e), not fuzz nothing and pass.
