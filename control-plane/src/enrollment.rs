@@ -314,8 +314,7 @@ mod tests {
             Policies::same(Arc::new(RoundRobin::default())),
             Arc::new(Metrics::default()),
             options,
-        )
-        .unwrap();
+        );
         Enrollment::new(Arc::new(engine), Duration::from_secs(60))
     }
 

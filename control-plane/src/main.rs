@@ -180,8 +180,13 @@ impl Router {
         };
         let buckets = &args.prometheus_duration_buckets;
         let metrics = Arc::new(Metrics::new((!buckets.is_empty()).then_some(&buckets[..])));
-        let engine = Arc::new(Engine::new(registry.clone(), policies, metrics, options)?);
-        let health = Arc::new(HealthChecker::new(registry, args, worker_client));
+        let health = Arc::new(HealthChecker::new(
+            registry.clone(),
+            args.health_options(),
+            worker_client,
+        ));
+        let engine =
+            Arc::new(Engine::new(registry, policies, metrics, options).with_health(health.clone()));
         let enrollment = Enrollment::new(engine.clone(), startup::startup_timeout(args));
         info!(
             mode = mode.as_str(),
@@ -217,7 +222,7 @@ impl Router {
         let grpc = builder
             .add_service(grpc_health::service().await)
             .add_service(
-                RouterServer::new(service::RouterService::new(engine.clone(), health.clone()))
+                RouterServer::new(service::RouterService::new(engine.clone()))
                     .max_decoding_message_size(limit),
             )
             .add_service(EndpointDiscoveryServiceServer::new(xds::Eds::new(
@@ -226,7 +231,6 @@ impl Router {
             .add_service(
                 ExternalProcessorServer::new(ext_proc::ExtProcService::new(
                     engine.clone(),
-                    health.clone(),
                     args.max_payload_size,
                     BodyBudget::new(args.ext_proc_max_buffered_bytes),
                     args.destination_endpoints.into(),

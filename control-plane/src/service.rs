@@ -6,7 +6,7 @@ use std::sync::Arc;
 use sglang_envoy_lifecycle::{wire, Question};
 use sglang_envoy_proto::router_server::Router;
 use sglang_envoy_proto::{
-    AdmissionOutcome, AdmissionWait, CompleteRequest, CompleteResponse, Completion, PrefillOutcome,
+    AdmissionOutcome, AdmissionWait, CompleteRequest, CompleteResponse, PrefillOutcome,
     PrefillWait, RouteRequest, RouteResponse, SessionDown, SessionUp, WorkersRequest,
     WorkersSnapshot,
 };
@@ -17,18 +17,16 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::engine::Engine;
 use crate::session::{Session, ANSWERS_BUFFERED};
-use crate::workers::HealthChecker;
 
 /// Adapts the [`Engine`] to the filter's gRPC contract.
 pub struct RouterService {
     engine: Arc<Engine>,
-    health: Arc<HealthChecker>,
 }
 
 impl RouterService {
-    /// A service over `engine`; `health` checks workers a request failed on.
-    pub fn new(engine: Arc<Engine>, health: Arc<HealthChecker>) -> Self {
-        RouterService { engine, health }
+    /// A service over `engine`.
+    pub fn new(engine: Arc<Engine>) -> Self {
+        RouterService { engine }
     }
 }
 
@@ -44,7 +42,7 @@ impl Router for RouterService {
         request: Request<Streaming<SessionUp>>,
     ) -> Result<Response<SessionAnswers>, Status> {
         let (tx, rx) = mpsc::channel(ANSWERS_BUFFERED);
-        let session = Session::new(self.engine.clone(), self.health.clone());
+        let session = Session::new(self.engine.clone());
         tokio::spawn(session.run(request.into_inner(), tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -65,7 +63,7 @@ impl Router for RouterService {
         request: Request<CompleteRequest>,
     ) -> Result<Response<CompleteResponse>, Status> {
         for c in &request.get_ref().completions {
-            take_completion(&self.engine, &self.health, c);
+            self.engine.report(c);
         }
         Ok(Response::new(CompleteResponse {}))
     }
@@ -92,16 +90,4 @@ impl Router for RouterService {
     ) -> Result<Response<WorkersSnapshot>, Status> {
         Ok(Response::new(self.engine.snapshot()))
     }
-}
-
-/// What a filter reports of a request, however it came (a `Complete` call
-/// or the session): what its answer says of the workers tried, or its end,
-/// which releases its load (a worker an attempt failed on is checked at once).
-pub fn take_completion(engine: &Engine, health: &Arc<HealthChecker>, c: &Completion) {
-    let failed = if c.outcome_only {
-        engine.record_outcome(c)
-    } else {
-        engine.complete(c)
-    };
-    health.suspect_each(failed);
 }

@@ -18,8 +18,6 @@ use tonic::{Status, Streaming};
 use tracing::{debug, warn};
 
 use crate::engine::Engine;
-use crate::service::take_completion;
-use crate::workers::HealthChecker;
 
 /// Answers not yet taken by Envoy before the session stops reading
 /// questions (back-pressure instead of unbounded memory).
@@ -28,18 +26,16 @@ pub const ANSWERS_BUFFERED: usize = 1024;
 /// One filter's session.
 pub struct Session {
     engine: Arc<Engine>,
-    health: Arc<HealthChecker>,
     /// Tickets answered on this session whose end has not come.
     open: HashSet<u64>,
 }
 
 impl Session {
-    /// A session over `engine`; `health` checks workers a request failed on.
-    pub fn new(engine: Arc<Engine>, health: Arc<HealthChecker>) -> Self {
+    /// A session over `engine`.
+    pub fn new(engine: Arc<Engine>) -> Self {
         engine.metrics().session(1);
         Session {
             engine,
-            health,
             open: HashSet::new(),
         }
     }
@@ -120,7 +116,7 @@ impl Session {
         if !c.outcome_only {
             self.open.remove(&c.ticket);
         }
-        take_completion(&self.engine, &self.health, c);
+        self.engine.report(c);
     }
 }
 
@@ -150,12 +146,10 @@ fn holds_load(response: &sglang_envoy_proto::RouteResponse) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
     use sglang_envoy_core::workers::WorkerSpec;
     use sglang_envoy_proto::RouteRequest;
 
     use super::*;
-    use crate::config::Args;
     use crate::engine::tests::engine_with;
     use crate::engine::EngineOptions;
 
@@ -164,13 +158,7 @@ mod tests {
             EngineOptions::default(),
             &[(1, WorkerSpec::REGULAR, None)],
         ));
-        let args = Args::parse_from(["cp"]);
-        let health = Arc::new(HealthChecker::new(
-            engine.registry().clone(),
-            &args,
-            reqwest::Client::new(),
-        ));
-        (Session::new(engine.clone(), health), engine)
+        (Session::new(engine.clone()), engine)
     }
 
     fn question(ticket: u64) -> SessionUp {

@@ -72,7 +72,6 @@ fn engine(pd: bool, dp: Option<u32>, cost: bool, limit: Option<usize>) -> Engine
             ..Default::default()
         },
     )
-    .unwrap()
 }
 
 fn path() -> impl Strategy<Value = String> {
@@ -148,7 +147,7 @@ proptest! {
                         prop_assert!(outcome.admitted || outcome.rejection.is_some());
                     }
                 }
-                e.complete(&Completion { ticket, http_status: 200, ..Default::default() });
+                e.report(&Completion { ticket, http_status: 200, ..Default::default() });
             }
             for w in e.registry().all().iter() {
                 prop_assert_eq!(w.load(), 0, "{} still loaded", w.url);

@@ -9,8 +9,6 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use sglang_envoy_core::policy;
 pub use sglang_envoy_core::policy::{AssignmentMode, PolicyKind};
 
-use crate::workers::WorkerTls;
-
 pub use auth_flags::AuthFlags;
 
 /// `--destination-endpoints`: what the ext_proc front door writes in a
@@ -521,59 +519,6 @@ impl Args {
             .collect()
     }
 
-    /// The largest gRPC message the control plane accepts: a question
-    /// carrying a whole body, its routing text (at most twice the body's
-    /// size) and headers, with room to spare.
-    pub fn grpc_message_limit(&self) -> usize {
-        self.max_payload_size
-            .saturating_mul(3)
-            .saturating_add(1 << 20)
-            .max(4 << 20)
-    }
-
-    /// How failed attempts are retried.
-    pub fn retry_options(&self) -> crate::retry::RetryOptions {
-        crate::retry::RetryOptions {
-            max_attempts: if self.disable_retries {
-                1
-            } else {
-                self.retry_max_retries
-            },
-            max_fallbacks: self.max_fallback_workers,
-            stream_start_timeout: (self.stream_start_timeout_secs > 0)
-                .then(|| std::time::Duration::from_secs(self.stream_start_timeout_secs)),
-        }
-    }
-
-    /// Admission control, when `--max-concurrent-requests` is positive.
-    pub fn admission(&self) -> Option<crate::admission::AdmissionOptions> {
-        (self.max_concurrent_requests > 0).then(|| crate::admission::AdmissionOptions {
-            limit: usize::try_from(self.max_concurrent_requests).unwrap_or(usize::MAX),
-            queue_size: self.queue_size,
-            queue_timeout: std::time::Duration::from_secs(self.queue_timeout_secs),
-        })
-    }
-
-    /// How the workers' circuit breakers behave.
-    pub fn circuit_config(&self) -> crate::workers::CircuitConfig {
-        crate::workers::CircuitConfig {
-            failure_threshold: self.cb_failure_threshold,
-            success_threshold: self.cb_success_threshold,
-            open_for: std::time::Duration::from_secs(self.cb_timeout_duration_secs),
-            window: std::time::Duration::from_secs(self.cb_window_duration_secs),
-            enabled: !self.disable_circuit_breaker,
-        }
-    }
-
-    /// The TLS flags for connections to workers.
-    pub fn worker_tls(&self) -> WorkerTls {
-        WorkerTls {
-            client_cert: self.client_cert_path.clone(),
-            client_key: self.client_key_path.clone(),
-            ca_certs: self.ca_cert_paths.clone(),
-        }
-    }
-
     /// The prefill policy (`--prefill-policy`, else `--policy`).
     pub fn prefill_policy(&self) -> PolicyKind {
         self.prefill_policy.unwrap_or(self.policy)
@@ -600,6 +545,7 @@ pub fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
 }
 
 mod auth_flags;
+mod options;
 mod validate;
 
 pub mod peer_flags;

@@ -19,8 +19,8 @@ use crate::pd::{self, PrefillDispatcher, RidSource};
 use crate::retry::{self, RetryOptions};
 use crate::tickets::Tickets;
 use crate::workers::{
-    AddressError, AddressPolicy, Registry, RegistryError, Role, Worker, WorkerAddress, WorkerId,
-    WorkerSpec,
+    AddressError, AddressPolicy, HealthChecker, Registry, RegistryError, Role, Worker,
+    WorkerAddress, WorkerId, WorkerSpec,
 };
 
 mod decide;
@@ -118,6 +118,9 @@ pub struct Engine {
     rids: RidSource,
     info_turn: AtomicUsize,
     gate: Option<Gate>,
+    /// Checks at once each worker a request failed on (see
+    /// [`Engine::report`]); `None` in unit tests.
+    health: Option<Arc<HealthChecker>>,
 }
 
 impl Engine {
@@ -127,9 +130,9 @@ impl Engine {
         policies: Policies,
         metrics: Arc<Metrics>,
         options: EngineOptions,
-    ) -> Result<Self, reqwest::Error> {
+    ) -> Self {
         let gate = options.admission.map(Gate::new);
-        Ok(Engine {
+        Engine {
             policies,
             tickets: Tickets::default(),
             prefill: PrefillDispatcher::new(
@@ -144,7 +147,15 @@ impl Engine {
             options,
             info_turn: AtomicUsize::new(0),
             gate,
-        })
+            health: None,
+        }
+    }
+
+    /// This engine, checking at once through `health` each worker that a
+    /// request failed on.
+    pub fn with_health(mut self, health: Arc<HealthChecker>) -> Self {
+        self.health = Some(health);
+        self
     }
 
     /// The registry this engine routes over.
@@ -246,11 +257,28 @@ impl Engine {
         }
     }
 
+    /// What a front door reports of a request, whichever front door and
+    /// however it came (the filter's session or `Complete` call, an
+    /// ext_proc stream): what its answer says of the workers tried
+    /// (`outcome_only`), or its end, which releases its load. A worker an
+    /// attempt failed on is checked at once. Returns those workers.
+    pub fn report(&self, c: &Completion) -> Vec<Arc<Worker>> {
+        let failed = if c.outcome_only {
+            self.record_outcome(c)
+        } else {
+            self.complete(c)
+        };
+        if let Some(health) = &self.health {
+            health.suspect_each(failed.clone());
+        }
+        failed
+    }
+
     /// Records what a request's attempts say about their workers as soon as
     /// its answer starts with a failure, before the client sees it (and
     /// sends its next request). Its end, reported later, records nothing
     /// more.
-    pub fn record_outcome(&self, c: &Completion) -> Vec<Arc<Worker>> {
+    fn record_outcome(&self, c: &Completion) -> Vec<Arc<Worker>> {
         let Some(plan) = self.tickets.take_plan(c.ticket) else {
             return Vec::new();
         };
@@ -273,8 +301,8 @@ impl Engine {
     }
 
     /// Releases a finished request's load. Returns the workers its attempts
-    /// failed on, so the caller can check their health at once.
-    pub fn complete(&self, c: &Completion) -> Vec<Arc<Worker>> {
+    /// failed on.
+    fn complete(&self, c: &Completion) -> Vec<Arc<Worker>> {
         if let Some(gate) = &self.gate {
             gate.release(c.ticket);
         }

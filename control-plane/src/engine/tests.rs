@@ -39,7 +39,7 @@ fn engine_with_policies(
         let units = registry.add(address(*port), *spec, *dp).unwrap();
         registry.set_healthy(&units[0], true);
     }
-    Engine::new(registry, policies, Arc::new(Metrics::default()), options).unwrap()
+    Engine::new(registry, policies, Arc::new(Metrics::default()), options)
 }
 
 fn engine(n: u16) -> Engine {
@@ -83,7 +83,7 @@ fn load_counted_at_decision_and_released_at_completion() {
     let w = e.registry().get(&d.worker_url).unwrap();
     assert_eq!(w.load(), 1);
     assert!(e
-        .complete(&Completion {
+        .report(&Completion {
             ticket: 42,
             http_status: 200,
             upstream_host: d.endpoints[0].clone(),
@@ -97,7 +97,7 @@ fn load_counted_at_decision_and_released_at_completion() {
 fn failover_is_reported_for_health_check() {
     let e = engine(2);
     let d = decision(ask(&e, 5));
-    let suspect = e.complete(&Completion {
+    let suspect = e.report(&Completion {
         ticket: 5,
         http_status: 200,
         upstream_host: d.endpoints[1].clone(),
@@ -129,7 +129,7 @@ fn a_worker_that_failed_the_one_attempt_it_had_is_suspected() {
         "one endpoint: {:?}",
         routed.endpoints
     );
-    let failed = e.complete(&Completion {
+    let failed = e.report(&Completion {
         ticket: 6,
         http_status: 503,
         attempts: 5,
@@ -137,7 +137,7 @@ fn a_worker_that_failed_the_one_attempt_it_had_is_suspected() {
     });
     let failed: Vec<String> = failed.iter().map(|w| w.url.clone()).collect();
     assert_eq!(failed, [routed.worker]);
-    let served = e.complete(&Completion {
+    let served = e.report(&Completion {
         ticket: 6,
         http_status: 200,
         ..Default::default()
@@ -158,7 +158,7 @@ fn no_healthy_worker_is_503() {
 fn completion_before_decision_leaves_no_load() {
     let e = engine(1);
     assert!(e
-        .complete(&Completion {
+        .report(&Completion {
             ticket: 9,
             ..Default::default()
         })
@@ -248,7 +248,7 @@ fn manual_policy_keeps_each_key_on_one_dp_rank_and_counts_its_key() {
     }
     assert!(ranks.len() >= 4, "16 keys on {} of 8 ranks", ranks.len());
     for t in 1..=ticket {
-        e.complete(&Completion {
+        e.report(&Completion {
             ticket: t,
             http_status: 200,
             ..Default::default()
@@ -373,7 +373,7 @@ async fn pd_asks_for_the_body_then_decides_and_reports_prefill_failure() {
     assert_eq!((again.ok, again.http_status), (false, 502));
     let prefill = e.registry().get("http://127.0.0.1:1").unwrap();
     assert_eq!(prefill.load(), 0, "prefill load released when it ended");
-    e.complete(&Completion {
+    e.report(&Completion {
         ticket: 2,
         http_status: 502,
         ..Default::default()
@@ -426,7 +426,7 @@ async fn a_request_ending_first_stops_its_prefill() {
         // Let the prefill connect and the wait start.
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         assert_eq!(prefill.load(), 1, "the prefill runs");
-        e.complete(&Completion {
+        e.report(&Completion {
             ticket: 3,
             client_cancelled: true,
             ..Default::default()

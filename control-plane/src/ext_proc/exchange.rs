@@ -340,10 +340,7 @@ impl Exchange {
             ResponseStep::Continue { release, report } => {
                 if let Some(failure) = report {
                     // Counted before the client sees the answer.
-                    let failed = self.engine.record_outcome(&failure);
-                    if let Some(health) = &self.health {
-                        health.suspect_each(failed);
-                    }
+                    self.engine.report(&failure);
                 }
                 send(self.release(release))
             }

@@ -47,7 +47,6 @@ use tracing::{debug, warn};
 
 use crate::body_budget::{BodyBudget, BodyHold};
 use crate::engine::Engine;
-use crate::workers::HealthChecker;
 
 mod duplex;
 mod exchange;
@@ -84,7 +83,6 @@ pub const BODY_MIN_RATE: u64 = 1 << 20;
 /// Adapts the [`Engine`] to Envoy's `ext_proc` protocol.
 pub struct ExtProcService {
     engine: Arc<Engine>,
-    health: Arc<HealthChecker>,
     tickets: Arc<TicketSource>,
     max_body_bytes: usize,
     budget: Arc<BodyBudget>,
@@ -93,22 +91,19 @@ pub struct ExtProcService {
 }
 
 impl ExtProcService {
-    /// A front door over `engine` (`health` checks workers a request
-    /// failed on), holding at most `budget` of request bodies at once;
+    /// A front door over `engine`, holding at most `budget` of request bodies at once;
     /// bodies over `max_body_bytes` (`--max-payload-size`), or over the
     /// smaller limit Envoy sends in [`MAX_BODY_METADATA`], get 413; the
     /// destination written is `destination` unless Envoy says otherwise in
     /// [`DESTINATION_METADATA`].
     pub fn new(
         engine: Arc<Engine>,
-        health: Arc<HealthChecker>,
         max_body_bytes: usize,
         budget: Arc<BodyBudget>,
         destination: Destination,
     ) -> Self {
         ExtProcService {
             engine,
-            health,
             tickets: Arc::new(TicketSource::new(rand::random())),
             max_body_bytes,
             budget,
@@ -140,7 +135,6 @@ impl ExternalProcessor for ExtProcService {
         let destination = destination_said(said, self.destination);
         let mut exchange = Exchange::new(
             self.engine.clone(),
-            Some(self.health.clone()),
             self.tickets.next(),
             max_body_bytes,
             self.budget.clone(),
@@ -158,7 +152,6 @@ type Waiting<T> = Option<Pin<Box<dyn Future<Output = T> + Send>>>;
 /// Dropping it reports the request's end to the engine.
 pub(super) struct Exchange {
     engine: Arc<Engine>,
-    health: Option<Arc<HealthChecker>>,
     /// Bodies Envoy holds for requests through this front door.
     budget: Arc<BodyBudget>,
     /// This request's body in the budget, until its worker answers.
@@ -184,7 +177,6 @@ pub(super) struct Exchange {
 impl Exchange {
     fn new(
         engine: Arc<Engine>,
-        health: Option<Arc<HealthChecker>>,
         ticket: u64,
         max_body_bytes: usize,
         budget: Arc<BodyBudget>,
@@ -197,7 +189,6 @@ impl Exchange {
         };
         Exchange {
             engine,
-            health,
             budget,
             body_hold: None,
             lc: Lifecycle::new(ticket, settings),
@@ -353,10 +344,7 @@ impl Drop for Exchange {
             upstream = %completion.upstream_host,
             "request ended"
         );
-        let failed = self.engine.complete(&completion);
-        if let Some(health) = &self.health {
-            health.suspect_each(failed);
-        }
+        self.engine.report(&completion);
     }
 }
 

@@ -46,7 +46,6 @@ impl Stream {
     fn open(engine: &Arc<Engine>, max_body_bytes: usize) -> Stream {
         let exchange = Exchange::new(
             engine.clone(),
-            None,
             rand::random::<u64>() | 1,
             max_body_bytes,
             BodyBudget::new(usize::MAX),

@@ -11,9 +11,26 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::config::Args;
 use crate::workers::probe_schedule::{ProbePlan, Schedule};
 use crate::workers::{error_chain, Registry, Worker};
+
+/// How health is checked (from the `--health-*` flags, see
+/// `config/options.rs`).
+#[derive(Debug, Clone)]
+pub struct HealthOptions {
+    /// The path probed on each server (`--health-check-endpoint`).
+    pub path: String,
+    /// The longest one probe may take.
+    pub timeout: Duration,
+    /// When each server is probed.
+    pub plan: ProbePlan,
+    /// Consecutive failed probes that take a healthy server out.
+    pub failure_threshold: u32,
+    /// Consecutive good probes that bring a server that was healthy back.
+    pub success_threshold: u32,
+    /// `--disable-health-check`: every check passes without a request.
+    pub disabled: bool,
+}
 
 /// Checks the workers' health endpoint and flips their health state: a
 /// server never healthy yet on its first good check, one that was healthy
@@ -21,13 +38,7 @@ use crate::workers::{error_chain, Registry, Worker};
 pub struct HealthChecker {
     registry: Arc<Registry>,
     client: reqwest::Client,
-    path: String,
-    timeout: Duration,
-    plan: ProbePlan,
-    failure_threshold: u32,
-    success_threshold: u32,
-    /// `--disable-health-check`: every check passes without a request.
-    disabled: bool,
+    options: HealthOptions,
     /// Servers (base URLs) being checked because a request failed on them,
     /// so that a burst of failed requests probes each once.
     suspected: Mutex<HashSet<String>>,
@@ -54,23 +65,15 @@ struct Tracked {
 }
 
 impl HealthChecker {
-    /// A checker for `registry` with the flags' intervals and thresholds,
-    /// checking through `client`, the control plane's one client for
-    /// workers (see [`crate::workers::worker_client`]): an `https://`
-    /// worker is healthy only when its TLS handshake passes too.
-    pub fn new(registry: Arc<Registry>, args: &Args, client: reqwest::Client) -> Self {
+    /// A checker for `registry` checking as `options` say, through
+    /// `client`, the control plane's one client for workers (see
+    /// [`crate::workers::worker_client`]): an `https://` worker is healthy
+    /// only when its TLS handshake passes too.
+    pub fn new(registry: Arc<Registry>, options: HealthOptions, client: reqwest::Client) -> Self {
         HealthChecker {
             registry,
             client,
-            path: args.health_check_endpoint.clone(),
-            timeout: Duration::from_secs(args.health_check_timeout_secs),
-            plan: ProbePlan {
-                interval: Duration::from_secs(args.health_check_interval_secs),
-                fast_window: Duration::from_secs(args.worker_startup_timeout_secs),
-            },
-            failure_threshold: args.health_failure_threshold,
-            success_threshold: args.health_success_threshold,
-            disabled: args.disable_health_check,
+            options,
             suspected: Mutex::new(HashSet::new()),
             last_sweep: Mutex::new(None),
         }
@@ -84,15 +87,21 @@ impl HealthChecker {
     /// One GET of the health endpoint; why it failed otherwise (the TLS
     /// reason included: unknown CA, missing client certificate...).
     async fn check(&self, worker: &Worker) -> Result<(), String> {
-        if self.disabled {
+        if self.options.disabled {
             // Workers are taken as healthy; only their circuits (failed
             // requests) keep one out.
             return Ok(());
         }
-        let url = format!("{}{}", worker.base_url, self.path);
-        match self.client.get(&url).timeout(self.timeout).send().await {
+        let url = format!("{}{}", worker.base_url, self.options.path);
+        match self
+            .client
+            .get(&url)
+            .timeout(self.options.timeout)
+            .send()
+            .await
+        {
             Ok(r) if r.status().is_success() => Ok(()),
-            Ok(r) => Err(format!("{} answered {}", self.path, r.status())),
+            Ok(r) => Err(format!("{} answered {}", self.options.path, r.status())),
             Err(e) => Err(error_chain(&e)),
         }
     }
@@ -182,7 +191,11 @@ impl HealthChecker {
             // sglang-router activates a worker on its first good check.
             self.registry.set_healthy(unit, true);
             true
-        } else if unit.record_check(ok, self.failure_threshold, self.success_threshold) {
+        } else if unit.record_check(
+            ok,
+            self.options.failure_threshold,
+            self.options.success_threshold,
+        ) {
             self.registry.health_changed();
             true
         } else {
@@ -198,7 +211,7 @@ impl HealthChecker {
         tracked.admitted |= healthy;
         tracked
             .schedule
-            .probed(Instant::now(), ok, healthy, &self.plan);
+            .probed(Instant::now(), ok, healthy, &self.options.plan);
     }
 
     /// Follows the registry: new servers are probed at once, then each on
@@ -228,7 +241,7 @@ impl HealthChecker {
                 .filter(|t| !t.probing)
                 .map(|t| t.schedule.due())
                 .min()
-                .unwrap_or_else(|| now + self.plan.interval);
+                .unwrap_or_else(|| now + self.options.plan.interval);
             tokio::select! {
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(next)) => {}
                 changed = changes.changed() => {
@@ -269,7 +282,9 @@ impl HealthChecker {
                 admitted: healthy,
                 probing: false,
             });
-            tracked.schedule.health_changed(now, healthy, &self.plan);
+            tracked
+                .schedule
+                .health_changed(now, healthy, &self.options.plan);
             tracked.admitted |= healthy;
         }
         servers.retain(|key, _| live.contains(key));

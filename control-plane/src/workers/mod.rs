@@ -8,5 +8,5 @@ mod health;
 
 pub use client::{error_chain, worker_client, WorkerClientError, WorkerTls};
 pub use discovery::{server_facts, server_info, DiscoveryError, ServerInfo};
-pub use health::HealthChecker;
+pub use health::{HealthChecker, HealthOptions};
 pub use sglang_envoy_core::workers::*;

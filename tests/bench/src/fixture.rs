@@ -46,13 +46,12 @@ pub fn engine(workers: usize, policy: Arc<dyn Policy>) -> anyhow::Result<Engine>
             registry.set_healthy(w, true);
         }
     }
-    Engine::new(
+    Ok(Engine::new(
         registry,
         Policies::same(policy),
         Arc::new(Metrics::default()),
         EngineOptions::default(),
-    )
-    .context("building the engine")
+    ))
 }
 
 /// A chat completion route request carrying `text` (ticket 0: the load is

@@ -1,0 +1,80 @@
+//! What the flags mean to each part of the control plane: the options
+//! struct each part is built from, so that no part reads the whole flag bag.
+
+use std::time::Duration;
+
+use super::Args;
+use crate::admission::AdmissionOptions;
+use crate::retry::RetryOptions;
+use crate::workers::probe_schedule::ProbePlan;
+use crate::workers::{CircuitConfig, HealthOptions, WorkerTls};
+
+impl Args {
+    /// The largest gRPC message the control plane accepts: a question
+    /// carrying a whole body, its routing text (at most twice the body's
+    /// size) and headers, with room to spare.
+    pub fn grpc_message_limit(&self) -> usize {
+        self.max_payload_size
+            .saturating_mul(3)
+            .saturating_add(1 << 20)
+            .max(4 << 20)
+    }
+
+    /// How failed attempts are retried.
+    pub fn retry_options(&self) -> RetryOptions {
+        RetryOptions {
+            max_attempts: if self.disable_retries {
+                1
+            } else {
+                self.retry_max_retries
+            },
+            max_fallbacks: self.max_fallback_workers,
+            stream_start_timeout: (self.stream_start_timeout_secs > 0)
+                .then(|| Duration::from_secs(self.stream_start_timeout_secs)),
+        }
+    }
+
+    /// Admission control, when `--max-concurrent-requests` is positive.
+    pub fn admission(&self) -> Option<AdmissionOptions> {
+        (self.max_concurrent_requests > 0).then(|| AdmissionOptions {
+            limit: usize::try_from(self.max_concurrent_requests).unwrap_or(usize::MAX),
+            queue_size: self.queue_size,
+            queue_timeout: Duration::from_secs(self.queue_timeout_secs),
+        })
+    }
+
+    /// How the workers' circuit breakers behave.
+    pub fn circuit_config(&self) -> CircuitConfig {
+        CircuitConfig {
+            failure_threshold: self.cb_failure_threshold,
+            success_threshold: self.cb_success_threshold,
+            open_for: Duration::from_secs(self.cb_timeout_duration_secs),
+            window: Duration::from_secs(self.cb_window_duration_secs),
+            enabled: !self.disable_circuit_breaker,
+        }
+    }
+
+    /// The TLS flags for connections to workers.
+    pub fn worker_tls(&self) -> WorkerTls {
+        WorkerTls {
+            client_cert: self.client_cert_path.clone(),
+            client_key: self.client_key_path.clone(),
+            ca_certs: self.ca_cert_paths.clone(),
+        }
+    }
+
+    /// How workers' health is checked.
+    pub fn health_options(&self) -> HealthOptions {
+        HealthOptions {
+            path: self.health_check_endpoint.clone(),
+            timeout: Duration::from_secs(self.health_check_timeout_secs),
+            plan: ProbePlan {
+                interval: Duration::from_secs(self.health_check_interval_secs),
+                fast_window: Duration::from_secs(self.worker_startup_timeout_secs),
+            },
+            failure_threshold: self.health_failure_threshold,
+            success_threshold: self.health_success_threshold,
+            disabled: self.disable_health_check,
+        }
+    }
+}
