@@ -3,8 +3,6 @@
 
 use sglang_envoy_proto::Completion;
 
-use crate::lifecycle::{Lifecycle, Load};
-
 /// What the host says about a request's answer (Envoy's `response.*` and
 /// `upstream.*` attributes).
 #[derive(Debug, Clone, Default)]
@@ -22,37 +20,38 @@ pub struct EndFacts {
     pub duration_us: u64,
 }
 
-impl Lifecycle {
-    /// The request as it stands: its end, or (`outcome_only`) what its
-    /// answer, just started, says about the workers tried.
-    pub fn completion(&self, facts: &EndFacts, outcome_only: bool) -> Completion {
-        let details = facts.code_details.as_deref().filter(|d| !d.is_empty());
+/// What the lifecycle knows of a request's outcome, for its completion.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Known {
+    pub ticket: u64,
+    /// The status the lifecycle saw (0 until known).
+    pub status: u32,
+    /// The answer reached its end (as opposed to a hang-up or a reset).
+    pub response_done: bool,
+    /// The router answered the client itself.
+    pub replied: bool,
+}
+
+impl EndFacts {
+    /// The completion of a request, from what the lifecycle knows and
+    /// what the host says: its end, or (`outcome_only`) what its answer,
+    /// just started, says about the workers tried.
+    pub(crate) fn completion(&self, known: Known, outcome_only: bool) -> Completion {
+        let details = self.code_details.as_deref().filter(|d| !d.is_empty());
         let about_worker = details.is_some_and(|d| d.starts_with("upstream"));
         Completion {
-            ticket: self.ticket(),
-            http_status: facts.http_status.filter(|s| *s != 0).unwrap_or(self.status),
+            ticket: known.ticket,
+            http_status: self.http_status.filter(|s| *s != 0).unwrap_or(known.status),
             // Unfinished and not reset by the worker: the client hung up.
-            client_cancelled: !self.response_done && !about_worker,
+            client_cancelled: !known.response_done && !about_worker,
             // The router's own answer, or Envoy's about something other
             // than the worker.
-            local_reply: self.replied()
+            local_reply: known.replied
                 || details.is_some_and(|d| d != "via_upstream" && !about_worker),
-            upstream_host: facts.upstream_host.clone(),
-            duration_us: facts.duration_us,
-            attempts: facts.attempts,
+            upstream_host: self.upstream_host.clone(),
+            duration_us: self.duration_us,
+            attempts: self.attempts,
             outcome_only,
         }
-    }
-
-    /// The request ended: its completion, to report when the control plane
-    /// may have counted it and it was not reported yet (a host may report
-    /// as the answer's last byte leaves, before the client can ask for the
-    /// loads, and again when the stream is gone).
-    pub fn end(&mut self, facts: &EndFacts) -> Option<Completion> {
-        if self.load != Load::Counted {
-            return None;
-        }
-        self.load = Load::Released;
-        Some(self.completion(facts, false))
     }
 }

@@ -18,23 +18,28 @@
 mod answer;
 pub mod client_key;
 mod completion;
+mod front_door;
 pub mod headers;
-pub mod lifecycle;
+mod lifecycle;
+mod mode;
 pub mod names;
 mod question;
 pub mod random;
 mod reply;
+mod steps;
 mod tickets;
 pub mod wire;
 
-pub use answer::{BodyStep, PrefillStep, Release, ResponseHead, ResponseStep, Watch};
 pub use client_key::ClientKey;
 pub use completion::EndFacts;
-pub use lifecycle::{
-    Forward, HeadStep, Held, Lifecycle, Mode, Overdue, RequestHead, Settings, Source, Step,
-};
+pub use front_door::{RequestHead, ResponseHead, Settings, Source};
+pub use lifecycle::Lifecycle;
+pub use mode::Mode;
 pub use question::{Answer, Destination, FollowPrefill, Question, Routed, Unrouted};
 pub use reply::LocalReply;
+pub use steps::{
+    BodyStep, Forward, HeadStep, Held, Overdue, PrefillStep, Release, ResponseStep, Step, Watch,
+};
 pub use tickets::TicketSource;
 
 #[cfg(test)]

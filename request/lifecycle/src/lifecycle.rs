@@ -1,59 +1,31 @@
-//! A request from its head to the decision: validation, the routing
-//! question, the control plane's answer (a decision, a rejection, a queue
-//! slot, a request for the body) and the edits that send it on.
-
-use std::borrow::Cow;
+//! One request through the router: its state, and each event that moves
+//! it on. On the request's side: validation, the routing question, the
+//! control plane's answer (a decision, a rejection, a queue slot, a request
+//! for the body) and the edits that send it on. On the answer's side, the
+//! lifecycle keeps what is the request's own (its status, its load, its
+//! end) and hands the rest to its [`AnswerState`] (`answer.rs`).
 
 use sglang_envoy_body::{
-    too_large, BodyError, Endpoint, Head, Layout, Refusal, RequestBody, Route,
+    is_worker_failure, too_large, BodyError, Endpoint, Head, Layout, Refusal, RequestBody, Route,
 };
-use sglang_envoy_proto::AdmissionOutcome;
+use sglang_envoy_proto::{AdmissionOutcome, Completion, PrefillOutcome};
 
-use crate::answer::Answer as AnswerState;
+use crate::answer::AnswerState;
+use crate::client_key::ClientKey;
+use crate::completion::{EndFacts, Known};
+use crate::front_door::{RequestHead, ResponseHead, Settings, Source};
+use crate::mode::Mode;
 use crate::question::{Answer, Question, Routed, Unrouted};
 use crate::reply::LocalReply;
+use crate::steps::{
+    BodyStep, Forward, HeadStep, Held, Overdue, PrefillStep, Release, ResponseStep, Step,
+};
 use crate::wire::status_of;
-
-/// What a front door can and cannot do, where the two differ.
-#[derive(Debug, Clone, Copy)]
-pub struct Settings {
-    /// Largest request body accepted; larger ones get 413.
-    pub max_body_bytes: usize,
-    /// The front door is shown the answer's body while it holds the
-    /// answer's head (the wasm filter: Envoy keeps calling it; ext_proc:
-    /// Envoy sends nothing until the head is answered). Decides whether a
-    /// merge may wait, head held, for the body's first event.
-    pub body_while_head_held: bool,
-    /// `--api-key`: inference requests without it are refused (401)
-    /// before their body is read. `None`: not required, or not known yet
-    /// (the control plane's own check then stands).
-    pub client_key: Option<crate::ClientKey>,
-}
-
-/// Regular routing, or prefill/decode disaggregation for this request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// One worker serves the request.
-    Regular,
-    /// A prefill worker runs the prompt, the decode worker Envoy sends the
-    /// request to generates the answer.
-    Pd,
-}
-
-impl Mode {
-    /// The mode's name (`regular`, `pd`) in logs, messages and the admin API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Regular => "regular",
-            Mode::Pd => "pd",
-        }
-    }
-}
 
 /// Where a request stands. One state at a time: each event either moves
 /// it on or is ignored as coming too late.
 #[derive(Debug)]
-pub(crate) enum State {
+enum State {
     /// Nothing seen yet.
     Start,
     /// An inference request's body is arriving.
@@ -68,116 +40,9 @@ pub(crate) enum State {
     Replied,
 }
 
-/// What the lifecycle needs of the request head.
-#[derive(Debug, Clone, Copy)]
-pub struct RequestHead<'a> {
-    /// `:method`
-    pub method: &'a str,
-    /// `:path`, query included.
-    pub path: &'a str,
-    /// No body follows.
-    pub end_of_stream: bool,
-    /// `content-length`, when present and a number.
-    pub content_length: Option<usize>,
-    /// `x-request-id`, empty when absent.
-    pub request_id: &'a str,
-    /// sglang-router's sticky-session key (`X-SMG-Routing-Key`), empty
-    /// when absent.
-    pub routing_key: &'a str,
-    /// `authorization`, empty when absent.
-    pub authorization: &'a str,
-    /// W3C `traceparent`, empty when absent.
-    pub traceparent: &'a str,
-}
-
-/// Where the lifecycle reads the request from when it needs it again. The
-/// filter reads Envoy's buffer (and keeps no copy), ext_proc its own.
-pub trait Source {
-    /// The body's length, without reading it.
-    fn body_len(&self) -> usize;
-    /// The whole request body.
-    fn body(&self) -> Cow<'_, [u8]>;
-    /// The client's headers, without pseudo-headers.
-    fn headers(&self) -> Vec<(String, String)>;
-}
-
-/// What to do after the request head.
-#[derive(Debug, PartialEq)]
-pub enum HeadStep {
-    /// Answer the client with this error.
-    Reply(LocalReply),
-    /// An inference request: wait for its whole body.
-    ReadBody,
-    /// A request routed on its head alone (an info `GET`): ask this.
-    Ask(Box<Question>),
-}
-
-/// What to do after the body, an answer of the control plane, or the end
-/// of an admission wait.
-#[derive(Debug, PartialEq)]
-pub enum Step {
-    /// Send this routing question to the control plane.
-    Ask(Box<Question>),
-    /// Admission control queued the request: wait for its slot (up to
-    /// `wait_ms`, as the control plane says), still paused.
-    AwaitAdmission {
-        /// How long the control plane may keep it queued.
-        wait_ms: u64,
-    },
-    /// Send the request on, edited.
-    Forward(Forward),
-    /// Answer the client with this error.
-    Reply(LocalReply),
-    /// The control plane gave no answer: route without it if possible
-    /// ([`Lifecycle::forwarded_locally`]), else [`LocalReply::unreachable`].
-    Fallback,
-}
-
-/// What the front door holds while the router waits for something (a
-/// decision, an admission slot, a prefill's outcome). Each such hold must
-/// end: when whatever it waits for is lost, [`Lifecycle::on_overdue`] says
-/// how to end it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Held {
-    /// The request, paused until the control plane decides (or admits it).
-    Request,
-    /// PD: the answer's head, until the prefill's outcome.
-    AnswerHead,
-}
-
-/// How a hold ends once its deadline passed with nothing arriving.
-#[derive(Debug, PartialEq)]
-pub enum Overdue {
-    /// The request's question or admission wait is given up: this step
-    /// (the outage fallback, or an error when there is none).
-    Request(Step),
-    /// The prefill's outcome is given up: the held answer goes on.
-    Prefill(crate::answer::PrefillStep),
-    /// The lifecycle holds nothing.
-    Nothing,
-}
-
-/// The edits that send a request to the workers the decision chose.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Forward {
-    /// For [`crate::names::ENDPOINT_HEADER`]: the chosen `ip:port` first,
-    /// then the ones to retry on.
-    pub endpoints: String,
-    /// Further request headers to set (retry count, per-try timeout).
-    pub headers: Vec<(String, String)>,
-    /// The body with the decision's fields spliced in, when it has any
-    /// (set `content-length` to its length).
-    pub body: Option<Vec<u8>>,
-    /// PD: follow the prefill half the control plane sent (its outcome
-    /// arrives through [`Lifecycle::on_prefill`]).
-    pub await_prefill: bool,
-    /// The chosen worker, for logs.
-    pub worker: String,
-}
-
 /// Whether the control plane counts load under a request's ticket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Load {
+enum Load {
     /// No question was sent: nothing to release.
     Uncounted,
     /// A question was sent: the control plane may count load from then
@@ -190,12 +55,12 @@ pub(crate) enum Load {
 /// One request through the router. See the crate documentation.
 #[derive(Debug)]
 pub struct Lifecycle {
-    pub(crate) state: State,
-    pub(crate) settings: Settings,
-    pub(crate) mode: Mode,
+    state: State,
+    settings: Settings,
+    mode: Mode,
     ticket: u64,
     /// Whether the control plane may count load under the ticket.
-    pub(crate) load: Load,
+    load: Load,
     route: Option<Route>,
     path: String,
     method: String,
@@ -208,9 +73,9 @@ pub struct Lifecycle {
     traceparent: String,
     body_bytes: usize,
     /// Status sent to the client, 0 until known.
-    pub(crate) status: u32,
+    status: u32,
     /// The answer reached its end (as opposed to a hang-up or a reset).
-    pub(crate) response_done: bool,
+    response_done: bool,
     /// Where the body's fields are, from the one parse of the body.
     layout: Option<Layout>,
 }
@@ -307,7 +172,7 @@ impl Lifecycle {
             Ok(Endpoint::Inference(route)) => {
                 if let Some(key) = self.settings.client_key {
                     if !key.admits(head.authorization) {
-                        return HeadStep::Reply(self.refuse(crate::ClientKey::refusal()));
+                        return HeadStep::Reply(self.refuse(ClientKey::refusal()));
                     }
                 }
                 self.authorization = head.authorization.to_string();
@@ -431,13 +296,10 @@ impl Lifecycle {
     /// outage fallback); `prefill_merge` is `Some(merge logprobs)` when it
     /// sent a PD prefill half itself.
     pub fn forwarded_locally(&mut self, prefill_merge: Option<bool>) {
-        self.state = State::Upstream(match prefill_merge {
-            Some(merge) => {
-                self.mode = Mode::Pd;
-                AnswerState::PrefillRunning { merge }
-            }
-            None => AnswerState::Pass,
-        });
+        if prefill_merge.is_some() {
+            self.mode = Mode::Pd;
+        }
+        self.state = State::Upstream(AnswerState::after_forward(prefill_merge));
     }
 
     /// What the front door holds for the router now, if anything (the
@@ -445,7 +307,7 @@ impl Lifecycle {
     pub fn held(&self) -> Option<Held> {
         match self.state {
             State::Asking { .. } | State::Queued => Some(Held::Request),
-            State::Upstream(AnswerState::HeadHeld { .. }) => Some(Held::AnswerHead),
+            State::Upstream(ref answer) if answer.holds_head() => Some(Held::AnswerHead),
             _ => None,
         }
     }
@@ -551,15 +413,11 @@ impl Lifecycle {
                 }
             }
         }
-        self.state = State::Upstream(match decision.prefill {
-            Some(follow) => {
-                self.mode = Mode::Pd;
-                AnswerState::PrefillRunning {
-                    merge: follow.merge_input_logprobs,
-                }
-            }
-            None => AnswerState::Pass,
-        });
+        let prefill_merge = decision.prefill.map(|follow| follow.merge_input_logprobs);
+        if prefill_merge.is_some() {
+            self.mode = Mode::Pd;
+        }
+        self.state = State::Upstream(AnswerState::after_forward(prefill_merge));
         Step::Forward(Forward {
             endpoints: decision.endpoints.join(","),
             headers: decision.request_headers,
@@ -567,5 +425,109 @@ impl Lifecycle {
             await_prefill: decision.prefill.is_some(),
             worker: decision.worker,
         })
+    }
+
+    /// The answer's head arrived. `facts` tells what the host says about
+    /// it; asked for only when a failure may need reporting (reading them
+    /// costs host calls on every answer otherwise).
+    pub fn on_response_head(
+        &mut self,
+        head: ResponseHead,
+        facts: impl FnOnce() -> EndFacts,
+    ) -> ResponseStep {
+        self.status = head.status;
+        self.response_done |= head.end_of_stream;
+        let State::Upstream(answer) = &mut self.state else {
+            // The router's own reply passing out.
+            return ResponseStep::Continue {
+                release: Release::pass(false),
+                report: None,
+            };
+        };
+        let mut step = answer.on_head(head);
+        if let ResponseStep::Continue { report, .. } = &mut step {
+            // A failed answer counts against its workers at once; not in
+            // PD mode, where a decode's failure may be its prefill's: the
+            // end tells.
+            *report = (self.load == Load::Counted
+                && self.mode == Mode::Regular
+                && is_worker_failure(head.status))
+            .then(|| self.completion(&facts(), true))
+            .filter(|c| !c.local_reply && is_worker_failure(c.http_status));
+        }
+        step
+    }
+
+    /// The prefill half's outcome arrived.
+    pub fn on_prefill(&mut self, outcome: PrefillOutcome) -> PrefillStep {
+        let State::Upstream(answer) = &mut self.state else {
+            return PrefillStep::Nothing;
+        };
+        let body_while_head_held = self.settings.body_while_head_held;
+        match answer.on_prefill(outcome, body_while_head_held, self.response_done) {
+            PrefillStep::Reply(reply) => PrefillStep::Reply(self.refuse(reply)),
+            step => step,
+        }
+    }
+
+    /// The prefill's outcome cannot be known (the control plane went away,
+    /// or a decode error's grace ran out): the decode answer goes through
+    /// as it is. If the KV never came, the decode worker's own wait times
+    /// out and the client gets that error rather than a hang.
+    pub fn on_prefill_unknown(&mut self) -> PrefillStep {
+        match &mut self.state {
+            State::Upstream(answer) => answer.on_prefill_unknown(),
+            _ => PrefillStep::Nothing,
+        }
+    }
+
+    /// A chunk of the answer's body arrived (`end`: the last).
+    pub fn on_response_body(&mut self, chunk: &[u8], end: bool) -> BodyStep {
+        self.response_done |= end;
+        match &mut self.state {
+            State::Upstream(answer) => answer.on_body(chunk, end),
+            _ => BodyStep::Pass,
+        }
+    }
+
+    /// The lifecycle must be shown the answer's bytes (to merge into them);
+    /// otherwise `on_response_body` needs only each chunk's end flag.
+    pub fn needs_response_bytes(&self) -> bool {
+        matches!(&self.state, State::Upstream(answer) if answer.needs_bytes())
+    }
+
+    /// The answer has been seen to end.
+    pub fn response_ended(&self) -> bool {
+        self.response_done
+    }
+
+    /// The answer is known to have ended (its trailers came, or ext_proc
+    /// stops watching a JSON answer whose head went).
+    pub fn on_response_end(&mut self) {
+        self.response_done = true;
+    }
+
+    /// The request as it stands: its end, or (`outcome_only`) what its
+    /// answer, just started, says about the workers tried.
+    pub fn completion(&self, facts: &EndFacts, outcome_only: bool) -> Completion {
+        let known = Known {
+            ticket: self.ticket,
+            status: self.status,
+            response_done: self.response_done,
+            replied: self.replied(),
+        };
+        facts.completion(known, outcome_only)
+    }
+
+    /// The request ended: its completion, to report when the control plane
+    /// may have counted it and it was not reported yet (a host may report
+    /// as the answer's last byte leaves, before the client can ask for the
+    /// loads, and again when the stream is gone).
+    pub fn end(&mut self, facts: &EndFacts) -> Option<Completion> {
+        if self.load != Load::Counted {
+            return None;
+        }
+        self.load = Load::Released;
+        Some(self.completion(facts, false))
     }
 }

@@ -212,7 +212,7 @@ fn a_decision_splices_its_fields_and_keeps_every_other_byte() {
     let body = String::from_utf8(f.body.unwrap()).unwrap();
     assert!(body.contains(r#""temperature": 0.70"#), "{body}");
     assert!(body.contains(r#""rid":"gnt-1""#), "{body}");
-    assert_eq!(lc.mode(), lifecycle::Mode::Regular);
+    assert_eq!(lc.mode(), Mode::Regular);
 }
 
 #[test]
@@ -301,7 +301,7 @@ fn no_answer_falls_back_and_a_local_prefill_is_followed() {
     let mut lc = asked(false);
     assert_eq!(lc.on_no_answer(), Step::Fallback);
     lc.forwarded_locally(Some(false));
-    assert_eq!(lc.mode(), lifecycle::Mode::Pd);
+    assert_eq!(lc.mode(), Mode::Pd);
     assert_eq!(
         lc.on_response_head(ok_head(false), upstream),
         ResponseStep::Hold { grace: None }
