@@ -16,7 +16,7 @@ use crate::body_wait::BodyWaits;
 use crate::budget::Budget;
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
-use crate::contexts::Contexts;
+use crate::contexts::{CallOwners, Contexts};
 use crate::fallback::Fallback;
 use crate::holds::Holds;
 use crate::host;
@@ -68,6 +68,7 @@ impl Root {
                 body_waits: BodyWaits::default(),
                 session: Session::new(context_id),
                 contexts: Contexts::default(),
+                call_owners: CallOwners::default(),
                 holds: Holds::default(),
             },
             tickets: TicketSource::new(random::u64(host::nanos)),
@@ -81,7 +82,7 @@ impl Root {
 
 impl Context for Root {
     fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, size: usize) {
-        if let Some(context) = self.shared.contexts.disown_call(token_id) {
+        if let Some(context) = self.shared.call_owners.disown(token_id) {
             self.act_for(context, |r| {
                 r.call_answered(token_id, Some(status_code), size)
             });
@@ -121,7 +122,7 @@ impl Context for Root {
     }
 
     fn on_http_call_response(&mut self, token_id: u32, _: usize, body_size: usize, _: usize) {
-        if let Some(context) = self.shared.contexts.disown_call(token_id) {
+        if let Some(context) = self.shared.call_owners.disown(token_id) {
             self.act_for(context, |r| r.call_answered(token_id, None, body_size));
         }
     }

@@ -75,7 +75,8 @@ impl Request {
             Hold::Request => {
                 // An answer that still comes finds nobody waiting.
                 self.shared.session.forget_wait(ticket, Wait::Answer);
-                self.drop_calls(|c| matches!(c, Call::Route | Call::Admission));
+                self.calls
+                    .forget(|c| matches!(c, Call::Route | Call::Admission));
                 match self.lc.on_overdue() {
                     Overdue::Request(step) => self.run_resuming(step),
                     // Not held by the lifecycle: it went on or was
@@ -85,7 +86,7 @@ impl Request {
                 }
             }
             Hold::AnswerHead => {
-                self.drop_calls(|c| matches!(c, Call::Outcome));
+                self.calls.forget(|c| matches!(c, Call::Outcome));
                 match self.lc.on_overdue() {
                     Overdue::Prefill(step) => self.prefill_step(step),
                     // Held for a failure's report (`report_failure`).
@@ -97,18 +98,5 @@ impl Request {
                 self.resume_http_response();
             }
         }
-    }
-
-    /// Forgets the calls in flight that `which` picks: their answers, if
-    /// they still come, are ignored.
-    fn drop_calls(&mut self, which: impl Fn(Call) -> bool) {
-        let contexts = &self.shared.contexts;
-        self.calls.retain(|(token, call)| {
-            let keep = !which(*call);
-            if !keep {
-                contexts.disown_call(*token);
-            }
-            keep
-        });
     }
 }

@@ -128,7 +128,7 @@ impl Request {
         // Registered with the VM as well: a fallback set off while the root
         // acts for this request (the session broke under its question)
         // sends this call as the root, whose context gets the answer.
-        self.track(token, Call::LocalPrefill);
+        self.calls.track(token, Call::LocalPrefill);
         self.prefill_sent();
         self.set_http_request_body(0, body.len(), &decode_body);
         self.set_http_request_header("content-length", Some(&decode_body.len().to_string()));

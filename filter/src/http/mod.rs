@@ -17,21 +17,21 @@ use sglang_envoy_proto::ROUTING_KEY_HEADER;
 
 mod calls;
 mod context;
+mod control_plane;
 mod hold;
 mod local;
 mod steps;
 
-use calls::Call;
+use calls::Calls;
 pub use context::RequestContext;
-use steps::Flow;
 
 use crate::body_wait::BodyWaits;
 use crate::budget::{Budget, Reservation};
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
-use crate::contexts::Contexts;
+use crate::contexts::{CallOwners, Contexts};
 use crate::fallback::Fallback;
-use crate::holds::{Hold, Holds};
+use crate::holds::Holds;
 use crate::host::{end_facts, EnvoyRequest};
 use crate::reply::send_reply;
 use crate::session::Session;
@@ -54,7 +54,10 @@ pub struct Shared {
     /// The stream to the control plane.
     pub session: Session,
     /// The live requests, for the root context to act for.
-    pub contexts: Contexts,
+    pub contexts: Contexts<Request>,
+    /// Which request made each call in flight, for the root context to
+    /// pass an answer that reached it on.
+    pub call_owners: CallOwners,
     /// Requests the filter holds, and until when at most (the root context
     /// ends the holds that outlive their deadline).
     pub holds: Holds,
@@ -73,7 +76,7 @@ pub struct Request {
     lc: Lifecycle,
     started: Option<SystemTime>,
     /// Calls to the control plane (and the outage prefill) in flight.
-    calls: Vec<(u32, Call)>,
+    calls: Calls,
     /// Bytes of the answer's body Envoy holds because we paused it.
     response_held: usize,
     /// PD: when the prefill's outcome is due at the latest.
@@ -105,7 +108,7 @@ impl Request {
             reservation: shared.budget.reservation(),
             lc: Lifecycle::new(ticket, settings),
             started: None,
-            calls: Vec::new(),
+            calls: Calls::new(context_id, shared.call_owners.clone()),
             response_held: 0,
             prefill_until: None,
         }
@@ -154,13 +157,13 @@ impl Request {
 
 impl Context for Request {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
-        if let Some(call) = self.take_call(token) {
+        if let Some(call) = self.calls.take(token) {
             self.answered(call, None, body_size);
         }
     }
 
     fn on_grpc_call_response(&mut self, token: u32, status_code: u32, size: usize) {
-        if let Some(call) = self.take_call(token) {
+        if let Some(call) = self.calls.take(token) {
             self.answered(call, Some(status_code), size);
         }
     }
@@ -315,9 +318,7 @@ impl HttpContext for Request {
         self.shared.body_waits.done(self.context_id);
         self.unhold();
         self.shared.session.forget(self.lc.ticket());
-        for (token, _) in self.calls.drain(..) {
-            self.shared.contexts.disown_call(token);
-        }
+        self.calls.forget_all();
         self.reservation.release();
         if let Some(completion) = self.lc.end(&end_facts(self.elapsed_us())) {
             self.report_end(completion, false);
@@ -333,15 +334,20 @@ impl Request {
         match self.lc.end(&end_facts(self.elapsed_us())) {
             Some(completion) => {
                 let hold = self.shared.config.exact_loads;
-                let held = self.report_end(completion, hold);
-                if held {
-                    self.hold(Hold::AnswerEnd, calls::REPORT_WAIT);
-                }
-                held
+                self.report_end(completion, hold)
             }
             None => false,
         }
     }
+}
+
+/// Whether the request (or its answer) goes on now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    /// Let it go on.
+    Go,
+    /// Keep it paused (an answer, a local reply or more body is awaited).
+    Wait,
 }
 
 impl Flow {

@@ -5,17 +5,8 @@ use proxy_wasm::traits::HttpContext;
 use proxy_wasm::types::Action;
 use sglang_envoy_lifecycle::{Forward, LocalReply, PrefillStep, ResponseStep, Step};
 
-use super::Request;
+use super::{Flow, Request};
 use crate::holds::Hold;
-
-/// Whether the request (or its answer) goes on now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Flow {
-    /// Let it go on.
-    Go,
-    /// Keep it paused (an answer, a local reply or more body is awaited).
-    Wait,
-}
 
 impl Request {
     /// Carries out a step of the request's way to its worker.
@@ -75,9 +66,7 @@ impl Request {
                     self.set_http_response_header("content-length", None);
                 }
                 // A failed answer waits until the control plane counted it.
-                let waits = report.is_some_and(|c| self.report_failure(c));
-                if waits {
-                    self.hold(Hold::AnswerHead, super::calls::REPORT_WAIT);
+                if report.is_some_and(|c| self.report_failure(c)) {
                     Action::Pause
                 } else {
                     Action::Continue

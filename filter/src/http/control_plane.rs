@@ -1,0 +1,321 @@
+//! What a request asks the control plane, and what the answers become:
+//! events of the lifecycle.
+
+use std::time::Duration;
+
+use log::warn;
+use prost::Message;
+use proxy_wasm::traits::{Context, HttpContext};
+use sglang_envoy_lifecycle::{wire, LocalReply, Question, Step, Unrouted};
+use sglang_envoy_proto::session_up::Kind;
+use sglang_envoy_proto::{
+    AdmissionOutcome, AdmissionWait, CompleteRequest, Completion, PrefillOutcome, PrefillWait,
+    RouteRequest, RouteResponse, SessionUp, SERVICE_NAME,
+};
+
+use super::calls::Call;
+use super::{Flow, Request};
+use crate::holds::Hold;
+use crate::session::{Wait, MAX_QUESTION_BYTES};
+
+/// The longest a failed answer waits for its report to be taken.
+const REPORT_WAIT: Duration = Duration::from_millis(250);
+
+impl Request {
+    /// Takes the answer to call `token` that reached the root context
+    /// (the call went out while the root acted for this request).
+    pub fn call_answered(&mut self, token: u32, grpc_status: Option<u32>, size: usize) {
+        if let Some(call) = self.calls.take(token) {
+            self.answered(call, grpc_status, size);
+        }
+    }
+
+    /// The answer to the routing question sent on the session stream;
+    /// `None` when none will come (the stream broke, or it came too late).
+    pub fn session_answer(&mut self, response: Option<RouteResponse>) {
+        self.route_answered(response.map(Ok));
+    }
+
+    /// A wait on the session stream is over without its message (the
+    /// stream broke, or the deadline passed).
+    pub fn wait_over(&mut self, wait: Wait) {
+        match wait {
+            Wait::Answer => self.session_answer(None),
+            Wait::Prefill => self.prefill_answered(None),
+            // Counted or not, the answer goes on.
+            Wait::Counted => self.end_counted(),
+        }
+    }
+
+    /// The control plane counted the end: the answer's last bytes go on.
+    pub fn end_counted(&mut self) {
+        self.unhold();
+        self.resume_http_response();
+    }
+
+    /// Reports the request's end: on the session stream at once, or, while
+    /// there is none, in the root context's next batch. With `hold`, the
+    /// answer's last bytes wait (held) until the control plane has counted
+    /// it; true when they must wait (the caller pauses them).
+    pub(super) fn report_end(&mut self, completion: Completion, hold: bool) -> bool {
+        let ticket = completion.ticket;
+        let up = SessionUp {
+            kind: Some(Kind::End(completion)),
+            ack_end: hold,
+        };
+        let message = up.encode_to_vec();
+        let session = &self.shared.session;
+        let sent = if hold {
+            let deadline = self.get_current_time() + REPORT_WAIT;
+            session.report_and_wait(self.context_id, ticket, &message, deadline)
+        } else {
+            session.report(self.context_id, &message)
+        };
+        if sent {
+            if hold {
+                self.hold(Hold::AnswerEnd, REPORT_WAIT);
+            }
+            return hold;
+        }
+        if let Some(Kind::End(completion)) = up.kind {
+            self.shared.queue.push(completion);
+        }
+        false
+    }
+
+    /// Calls `method` of the control plane with `message`; false when it
+    /// cannot be sent.
+    fn call(&mut self, method: &str, message: &[u8], timeout: Duration, call: Call) -> bool {
+        let sent = self.dispatch_grpc_call(
+            &self.shared.config.control_plane_cluster,
+            SERVICE_NAME,
+            method,
+            vec![],
+            Some(message),
+            timeout,
+        );
+        match sent {
+            Ok(token) => {
+                self.calls.track(token, call);
+                true
+            }
+            Err(status) => {
+                warn!("cannot call {method} on the control plane: {status:?}");
+                false
+            }
+        }
+    }
+
+    /// Sends the routing question; its answer arrives in [`Self::answered`].
+    pub(super) fn ask(&mut self, question: Question) -> Flow {
+        // The question may be as large as the body: it is gone (moved into
+        // the message, dropped with it) before we wait.
+        let mut request = RouteRequest::from(question);
+        if self.shared.session.is_up() && request.body.len() <= MAX_QUESTION_BYTES {
+            let ticket = request.ticket;
+            let up = SessionUp {
+                kind: Some(Kind::Route(request)),
+                ack_end: false,
+            };
+            let deadline = self.get_current_time() + self.route_timeout();
+            let session = &self.shared.session;
+            if session.ask(self.context_id, ticket, &up.encode_to_vec(), deadline) {
+                self.hold(Hold::Request, self.route_timeout());
+                return Flow::Wait;
+            }
+            let Some(Kind::Route(r)) = up.kind else {
+                return self.run_no_answer();
+            };
+            request = r;
+        }
+        let encoded = request.encode_to_vec();
+        if self.call("Route", &encoded, self.route_timeout(), Call::Route) {
+            self.hold(Hold::Request, self.route_timeout());
+            return Flow::Wait;
+        }
+        self.run_no_answer()
+    }
+
+    /// Admission control queued the request: wait (still paused) until it
+    /// holds a slot, a little longer than the control plane will.
+    pub(super) fn await_admission(&mut self, wait_ms: u64) -> Flow {
+        let wait = AdmissionWait {
+            ticket: self.lc.ticket(),
+        }
+        .encode_to_vec();
+        let timeout = Duration::from_millis(wait_ms.saturating_add(2_000));
+        if self.call("AwaitAdmission", &wait, timeout, Call::Admission) {
+            self.hold(Hold::Request, timeout);
+            return Flow::Wait;
+        }
+        self.run_no_answer()
+    }
+
+    /// No answer will come: the lifecycle decides (the outage fallback).
+    fn run_no_answer(&mut self) -> Flow {
+        let step = self.lc.on_no_answer();
+        self.run(step)
+    }
+
+    /// Follows the prefill half the control plane sent. False, with the
+    /// client answered, when that cannot be asked.
+    pub(super) fn await_prefill(&mut self) -> bool {
+        let timeout = Duration::from_millis(self.shared.config.prefill_timeout_ms);
+        if self.ask_prefill(timeout, Call::Prefill) {
+            self.prefill_sent();
+            return true;
+        }
+        self.reply(LocalReply::unreachable());
+        false
+    }
+
+    /// Asks for the prefill's outcome once more, giving up after `grace`
+    /// (a decode error waits no longer for it). False when it cannot be asked.
+    pub(super) fn await_prefill_for(&mut self, grace: Duration) -> bool {
+        self.ask_prefill(grace, Call::Grace)
+    }
+
+    /// Asks for the prefill's outcome, to come within `timeout`: on the
+    /// session when it is up, else with a call (`call`). False when it
+    /// cannot be asked.
+    fn ask_prefill(&mut self, timeout: Duration, call: Call) -> bool {
+        let wait = PrefillWait {
+            ticket: self.lc.ticket(),
+        };
+        if self.shared.session.is_up() {
+            let up = SessionUp {
+                kind: Some(Kind::Prefill(wait)),
+                ack_end: false,
+            };
+            let deadline = self.get_current_time() + timeout;
+            let message = up.encode_to_vec();
+            let session = &self.shared.session;
+            if session.await_prefill(self.context_id, wait.ticket, &message, deadline) {
+                return true;
+            }
+        }
+        self.call("AwaitPrefill", &wait.encode_to_vec(), timeout, call)
+    }
+
+    /// The prefill's outcome: `None` when there is none (lost, or the
+    /// grace ran out: whether the prefill finished is unknown), an error
+    /// when it cannot be read.
+    pub fn prefill_answered(&mut self, outcome: Option<Result<PrefillOutcome, LocalReply>>) {
+        let step = match outcome {
+            Some(Ok(outcome)) => self.lc.on_prefill(outcome),
+            Some(Err(reply)) => self.lc.on_prefill(PrefillOutcome {
+                http_status: u32::from(reply.status),
+                error_type: reply.kind,
+                message: reply.message,
+                ..Default::default()
+            }),
+            None => self.lc.on_prefill_unknown(),
+        };
+        self.prefill_step(step);
+    }
+
+    /// Reports an answer that starts with a worker's failure before the
+    /// client sees it, so the circuit breakers have counted it before the
+    /// client's next request. True when the answer must wait (held) for
+    /// that.
+    pub(super) fn report_failure(&mut self, failure: Completion) -> bool {
+        let report = CompleteRequest {
+            completions: vec![failure],
+        }
+        .encode_to_vec();
+        let waits = self.call("Complete", &report, REPORT_WAIT, Call::Outcome);
+        if waits {
+            self.hold(Hold::AnswerHead, REPORT_WAIT);
+        }
+        waits
+    }
+
+    /// A call answered: `grpc_status` of a gRPC call (`None` for the HTTP
+    /// call of the outage prefill), its answer `size` bytes long.
+    pub(super) fn answered(&mut self, call: Call, grpc_status: Option<u32>, size: usize) {
+        match call {
+            Call::LocalPrefill => {
+                let outcome = self.local_prefill_outcome(size);
+                let step = self.lc.on_prefill(outcome);
+                self.prefill_step(step);
+            }
+            // Counted (or not: the answer goes on either way).
+            Call::Outcome => {
+                self.unhold();
+                self.resume_http_response();
+            }
+            Call::Prefill | Call::Grace => {
+                let outcome = self.answer::<PrefillOutcome>(grpc_status, size);
+                self.prefill_answered(outcome);
+            }
+            Call::Route => {
+                let response = self.answer::<RouteResponse>(grpc_status, size);
+                self.route_answered(response);
+            }
+            Call::Admission => {
+                // Whatever follows holds the request again if it must.
+                self.unhold();
+                let step = match self.answer::<AdmissionOutcome>(grpc_status, size) {
+                    Some(Ok(outcome)) => {
+                        let attach = self.shared.send_body.get();
+                        self.lc.on_admission(outcome, &self.source(), attach)
+                    }
+                    Some(Err(reply)) => Step::Reply(reply),
+                    None => self.lc.on_no_answer(),
+                };
+                self.run_resuming(step);
+            }
+        }
+    }
+
+    /// The routing question's answer: `None` when there is none (the call
+    /// or the stream failed, or it came too late), an error when it cannot
+    /// be read.
+    fn route_answered(&mut self, response: Option<Result<RouteResponse, LocalReply>>) {
+        // Whatever follows holds the request again if it must.
+        self.unhold();
+        let step = match response {
+            Some(Ok(response)) => {
+                let answer = wire::answer_of(response);
+                if let Err(Unrouted::NeedBody) = answer {
+                    // From now on every question of this VM carries it.
+                    self.shared.send_body.set(true);
+                }
+                self.lc.on_answer(answer, &self.source())
+            }
+            Some(Err(reply)) => Step::Reply(reply),
+            None => self.lc.on_no_answer(),
+        };
+        self.run_resuming(step);
+    }
+
+    /// The control plane's answer: `None` when there is none (the call
+    /// failed or timed out), an error when it cannot be read.
+    fn answer<M: Message + Default>(
+        &self,
+        grpc_status: Option<u32>,
+        size: usize,
+    ) -> Option<Result<M, LocalReply>> {
+        if grpc_status != Some(0) {
+            warn!(
+                "control plane call for {} ended with grpc status {grpc_status:?}",
+                self.lc.path()
+            );
+            return None;
+        }
+        let bytes = self
+            .get_grpc_call_response_body(0, size)
+            .unwrap_or_default();
+        Some(M::decode(bytes.as_slice()).map_err(|_| LocalReply::unreadable()))
+    }
+
+    /// How long the control plane may take to answer: `route_timeout_ms`,
+    /// once more for every 4 MiB of body the question is about (a large
+    /// question takes a while to cross and to read; a slow answer to it
+    /// is not an outage).
+    fn route_timeout(&self) -> Duration {
+        let base = self.shared.config.route_timeout_ms;
+        let extra = base.saturating_mul(self.lc.body_bytes() as u64) / (4 << 20);
+        Duration::from_millis(base.saturating_add(extra))
+    }
+}
