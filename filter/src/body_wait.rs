@@ -8,37 +8,30 @@
 //! whose body made no progress within `body_idle_timeout_ms`.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::SystemTime;
 
+use crate::deadlines::Deadlines;
+
 /// The waiting requests of one VM, by HTTP context id.
 #[derive(Clone, Default)]
-pub struct BodyWaits(Rc<RefCell<BTreeMap<u32, SystemTime>>>);
+pub struct BodyWaits(Rc<RefCell<Deadlines<u32, ()>>>);
 
 impl BodyWaits {
     /// `context` may wait until `deadline` for more of its body.
     pub fn wait(&self, context: u32, deadline: SystemTime) {
-        self.0.borrow_mut().insert(context, deadline);
+        self.0.borrow_mut().insert(context, deadline, ());
     }
 
     /// `context` no longer waits (its body is complete, or it ended).
     pub fn done(&self, context: u32) {
-        self.0.borrow_mut().remove(&context);
+        self.0.borrow_mut().remove(context);
     }
 
     /// Removes and returns the contexts whose deadline is before `now`.
     pub fn expired(&self, now: SystemTime) -> Vec<u32> {
-        let mut waits = self.0.borrow_mut();
-        let expired: Vec<u32> = waits
-            .iter()
-            .filter(|(_, deadline)| **deadline < now)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in &expired {
-            waits.remove(id);
-        }
-        expired
+        let expired = self.0.borrow_mut().expired(now);
+        expired.into_iter().map(|(context, ())| context).collect()
     }
 
     /// How many requests wait.

@@ -12,9 +12,10 @@
 //! never left paused.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
+
+use crate::deadlines::Deadlines;
 
 /// How much longer than its own deadline a wait may take before the safety
 /// net ends it: the wait's own end (a call's timeout, the root's tick on
@@ -34,36 +35,27 @@ pub enum Hold {
 
 /// The held requests of one VM, by HTTP context id.
 #[derive(Clone, Default)]
-pub struct Holds(Rc<RefCell<BTreeMap<u32, (Hold, SystemTime)>>>);
+pub struct Holds(Rc<RefCell<Deadlines<u32, Hold>>>);
 
 impl Holds {
     /// `context` is held for `hold` until `deadline` at most.
     pub fn hold(&self, context: u32, hold: Hold, deadline: SystemTime) {
-        self.0.borrow_mut().insert(context, (hold, deadline));
+        self.0.borrow_mut().insert(context, deadline, hold);
     }
 
     /// What `context` is held for, if anything.
     pub fn held(&self, context: u32) -> Option<Hold> {
-        self.0.borrow().get(&context).map(|(hold, _)| *hold)
+        self.0.borrow().get(context).copied()
     }
 
     /// `context` is no longer held (it went on, was answered, or ended).
     pub fn release(&self, context: u32) {
-        self.0.borrow_mut().remove(&context);
+        self.0.borrow_mut().remove(context);
     }
 
     /// Removes and returns the holds whose deadline is before `now`.
     pub fn expired(&self, now: SystemTime) -> Vec<(u32, Hold)> {
-        let mut holds = self.0.borrow_mut();
-        let expired: Vec<(u32, Hold)> = holds
-            .iter()
-            .filter(|(_, (_, deadline))| *deadline < now)
-            .map(|(id, (hold, _))| (*id, *hold))
-            .collect();
-        for (id, _) in &expired {
-            holds.remove(id);
-        }
-        expired
+        self.0.borrow_mut().expired(now)
     }
 
     /// True when no request is held.

@@ -23,6 +23,7 @@ pub mod budget;
 pub mod completions;
 pub mod config;
 pub mod contexts;
+pub mod deadlines;
 pub mod fallback;
 pub mod holds;
 pub mod host;

@@ -14,12 +14,13 @@
 //! and takes the outage fallback, as a failed call would.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use log::warn;
 use proxy_wasm::hostcalls;
+
+use crate::deadlines::Deadlines;
 
 /// First wait before reopening a broken stream; doubled on each failure.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -61,14 +62,6 @@ impl Wait {
     const ALL: [Wait; 3] = [Wait::Answer, Wait::Prefill, Wait::Counted];
 }
 
-/// A request waiting on the stream.
-#[derive(Debug, Clone, Copy)]
-struct Waiter {
-    context: u32,
-    wait: Wait,
-    deadline: SystemTime,
-}
-
 struct Inner {
     /// The root context, which owns the stream (sends are made as it).
     root: u32,
@@ -77,7 +70,8 @@ struct Inner {
     /// PD request may wait for its prefill's outcome and for its end to be
     /// counted at once, and neither wait may replace the other (the answer
     /// to the replaced one would be dropped, and its request left waiting).
-    waiting: HashMap<(u64, Wait), Waiter>,
+    /// The value is the waiting request's HTTP context.
+    waiting: Deadlines<(u64, Wait), u32>,
 }
 
 /// One VM's session, shared by its root context and its requests (the VM
@@ -94,7 +88,7 @@ impl Session {
                 retry_at: SystemTime::UNIX_EPOCH,
                 backoff: FIRST_BACKOFF,
             },
-            waiting: HashMap::new(),
+            waiting: Deadlines::default(),
         })))
     }
 
@@ -152,12 +146,10 @@ impl Session {
         if !self.send(context, message) {
             return false;
         }
-        let waiter = Waiter {
-            context,
-            wait,
-            deadline,
-        };
-        self.0.borrow_mut().waiting.insert((ticket, wait), waiter);
+        self.0
+            .borrow_mut()
+            .waiting
+            .insert((ticket, wait), deadline, context);
         true
     }
 
@@ -165,13 +157,13 @@ impl Session {
     pub fn forget(&self, ticket: u64) {
         let mut inner = self.0.borrow_mut();
         for wait in Wait::ALL {
-            inner.waiting.remove(&(ticket, wait));
+            inner.waiting.remove((ticket, wait));
         }
     }
 
     /// The request with `ticket` no longer waits for `wait` (it gave up).
     pub fn forget_wait(&self, ticket: u64, wait: Wait) {
-        self.0.borrow_mut().waiting.remove(&(ticket, wait));
+        self.0.borrow_mut().waiting.remove((ticket, wait));
     }
 
     /// Sends `message` on the stream as the root context, then acts for
@@ -250,7 +242,7 @@ impl Session {
     /// the context that waits for it, if one still does.
     pub fn answered(&self, ticket: u64, wait: Wait) -> Option<u32> {
         let mut inner = self.0.borrow_mut();
-        inner.waiting.remove(&(ticket, wait)).map(|w| w.context)
+        inner.waiting.remove((ticket, wait))
     }
 
     /// Stream `token` ended at `now`: every wait on it is over (the
@@ -272,22 +264,16 @@ impl Session {
         inner
             .waiting
             .drain()
-            .map(|(_, w)| (w.context, w.wait))
+            .into_iter()
+            .map(|((_, wait), context)| (context, wait))
             .collect()
     }
 
     /// Waits whose deadline passed before `now`; they are removed.
     pub fn expired(&self, now: SystemTime) -> Vec<(u32, Wait)> {
-        let mut inner = self.0.borrow_mut();
-        let late: Vec<(u64, Wait)> = inner
-            .waiting
-            .iter()
-            .filter(|(_, w)| w.deadline < now)
-            .map(|(k, _)| *k)
-            .collect();
-        late.iter()
-            .filter_map(|t| inner.waiting.remove(t))
-            .map(|w| (w.context, w.wait))
+        let late = self.0.borrow_mut().waiting.expired(now);
+        late.into_iter()
+            .map(|((_, wait), context)| (context, wait))
             .collect()
     }
 
@@ -317,12 +303,9 @@ mod tests {
 
     /// `context` waits on `s` for `kind` of `ticket`.
     fn wait_for(s: &Session, ticket: u64, kind: Wait, context: u32, deadline: SystemTime) {
-        let waiter = Waiter {
-            context,
-            wait: kind,
-            deadline,
-        };
-        s.0.borrow_mut().waiting.insert((ticket, kind), waiter);
+        s.0.borrow_mut()
+            .waiting
+            .insert((ticket, kind), deadline, context);
     }
 
     #[test]
