@@ -23,9 +23,11 @@ use crate::workers::Worker;
 const TOMBSTONE_TTL: Duration = Duration::from_secs(60);
 
 /// What one request in flight counts on its unit: one request, its
-/// estimated prefill `work`, and its routing key. Released when it ends.
-#[derive(Debug, Clone)]
-pub struct Held {
+/// estimated prefill `work`, and its routing key. Released when dropped
+/// (the request ended, was abandoned or reaped, or its ticket came back
+/// already ended), so no path can forget to release it.
+#[derive(Debug)]
+pub struct Counted {
     /// The unit the request was sent to.
     pub worker: Arc<Worker>,
     /// The policy's estimate of its prefill work.
@@ -79,14 +81,14 @@ impl PrefillHandle {
     }
 }
 
-impl Held {
+impl Counted {
     /// Counts a request on `worker`.
-    pub fn start(worker: Arc<Worker>, work: u64, routing_key: Option<RoutingKey>) -> Held {
+    pub fn start(worker: Arc<Worker>, work: u64, routing_key: Option<RoutingKey>) -> Counted {
         worker.start(work);
         if let Some(key) = routing_key {
             worker.hold_key(key);
         }
-        Held {
+        Counted {
             worker,
             work,
             routing_key,
@@ -96,20 +98,21 @@ impl Held {
     }
 
     /// The same, with the prefill half sent for the request.
-    pub fn with_prefill(self, prefill: PrefillHandle) -> Held {
-        Held {
-            prefill: Some(prefill),
-            ..self
-        }
+    pub fn with_prefill(mut self, prefill: PrefillHandle) -> Counted {
+        self.prefill = Some(prefill);
+        self
     }
 
     /// The same, with the attempt plan whose outcomes its end attributes.
-    pub fn with_plan(self, plan: Vec<Arc<Worker>>) -> Held {
-        Held { plan, ..self }
+    pub fn with_plan(mut self, plan: Vec<Arc<Worker>>) -> Counted {
+        self.plan = plan;
+        self
     }
+}
 
-    /// Releases what [`Held::start`] counted, and stops the prefill half.
-    pub fn release(&self) {
+impl Drop for Counted {
+    /// Releases what [`Counted::start`] counted, and stops the prefill half.
+    fn drop(&mut self) {
         if let Some(prefill) = &self.prefill {
             prefill.stop();
         }
@@ -121,7 +124,7 @@ impl Held {
 }
 
 enum Slot {
-    Open { held: Held, since: Instant },
+    Open { counted: Counted, since: Instant },
     Ended { at: Instant },
 }
 
@@ -132,13 +135,13 @@ pub struct Tickets {
 }
 
 impl Tickets {
-    /// Records that `ticket` holds `held` until it ends. Returns false, and
-    /// releases `held` at once, when the request had already ended.
-    pub fn open(&self, ticket: u64, held: Held) -> bool {
+    /// Records that `ticket` holds `counted` until it ends. Returns false, and
+    /// releases `counted` at once, when the request had already ended.
+    pub fn open(&self, ticket: u64, counted: Counted) -> bool {
         match self.slots.entry(ticket) {
             Entry::Vacant(v) => {
                 v.insert(Slot::Open {
-                    held,
+                    counted,
                     since: Instant::now(),
                 });
                 true
@@ -146,19 +149,17 @@ impl Tickets {
             Entry::Occupied(mut o) => match o.get() {
                 Slot::Ended { .. } => {
                     o.remove();
-                    held.release();
+                    drop(counted);
                     false
                 }
                 // A reused ticket: release the older request's load rather
                 // than leak it.
                 Slot::Open { .. } => {
                     let older = o.insert(Slot::Open {
-                        held,
+                        counted,
                         since: Instant::now(),
                     });
-                    if let Slot::Open { held, .. } = older {
-                        held.release();
-                    }
+                    drop(older);
                     true
                 }
             },
@@ -170,7 +171,7 @@ impl Tickets {
     pub fn take_plan(&self, ticket: u64) -> Option<Vec<Arc<Worker>>> {
         let mut slot = self.slots.get_mut(&ticket)?;
         match slot.value_mut() {
-            Slot::Open { held, .. } => Some(std::mem::take(&mut held.plan)),
+            Slot::Open { counted, .. } => Some(std::mem::take(&mut counted.plan)),
             Slot::Ended { .. } => None,
         }
     }
@@ -178,17 +179,17 @@ impl Tickets {
     /// The prefill half of open `ticket`, to wait for its outcome.
     pub fn prefill(&self, ticket: u64) -> Option<PrefillHandle> {
         match self.slots.get(&ticket)?.value() {
-            Slot::Open { held, .. } => held.prefill.clone(),
+            Slot::Open { counted, .. } => counted.prefill.clone(),
             Slot::Ended { .. } => None,
         }
     }
 
     /// Ends `ticket`; returns what the caller must release.
-    pub fn close(&self, ticket: u64) -> Option<Held> {
+    pub fn close(&self, ticket: u64) -> Option<Counted> {
         match self.slots.entry(ticket) {
             Entry::Occupied(o) => match o.get() {
                 Slot::Open { .. } => match o.remove() {
-                    Slot::Open { held, .. } => Some(held),
+                    Slot::Open { counted, .. } => Some(counted),
                     Slot::Ended { .. } => None,
                 },
                 Slot::Ended { .. } => None,
@@ -206,10 +207,10 @@ impl Tickets {
         let now = Instant::now();
         let mut released = 0;
         self.slots.retain(|_, slot| match slot {
-            Slot::Open { held, since } => {
+            Slot::Open { since, .. } => {
+                // Dropped, so released, when not kept.
                 let keep = now.duration_since(*since) < timeout;
                 if !keep {
-                    held.release();
                     released += 1;
                 }
                 keep
@@ -237,7 +238,7 @@ mod tests {
     fn open_then_close_returns_worker_once() {
         let t = Tickets::default();
         let w = workers(1).remove(0);
-        assert!(t.open(7, Held::start(w.clone(), 5, None)));
+        assert!(t.open(7, Counted::start(w.clone(), 5, None)));
         assert_eq!(t.open_count(), 1);
         assert_eq!(
             t.close(7).map(|h| (h.worker.url.clone(), h.work)),
@@ -254,7 +255,7 @@ mod tests {
         assert!(t.close(9).is_none());
         let key = RoutingKey::from_header("k");
         assert!(
-            !t.open(9, Held::start(w.clone(), 3, key)),
+            !t.open(9, Counted::start(w.clone(), 3, key)),
             "decision after the end must be refused"
         );
         assert_eq!(t.open_count(), 0);
@@ -269,7 +270,10 @@ mod tests {
     fn reap_releases_stale_requests() {
         let t = Tickets::default();
         let w = workers(1).remove(0);
-        assert!(t.open(1, Held::start(w.clone(), 40, RoutingKey::from_header("k"))));
+        assert!(t.open(
+            1,
+            Counted::start(w.clone(), 40, RoutingKey::from_header("k"))
+        ));
         assert_eq!(w.routing_keys(), 1);
         assert_eq!(t.reap(Duration::from_secs(3600)), 0);
         assert_eq!(t.reap(Duration::ZERO), 1);

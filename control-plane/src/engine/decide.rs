@@ -18,7 +18,7 @@ use crate::pd::{self, PrefillJob};
 use crate::policy::RouteInput;
 use crate::retry;
 use crate::routing_key::RoutingKey;
-use crate::tickets::{Held, PrefillHandle};
+use crate::tickets::{Counted, PrefillHandle};
 use crate::workers::{Role, Worker};
 
 /// What the engine chose for one question: the units of `plan` in order
@@ -280,17 +280,15 @@ impl Engine {
             prefill.inspect(PrefillHandle::stop);
             return;
         };
-        let mut held = Held::start(worker.clone(), work, key).with_plan(plan.to_vec());
+        let mut counted = Counted::start(worker.clone(), work, key).with_plan(plan.to_vec());
         if let Some(prefill) = prefill {
-            held = held.with_prefill(prefill);
+            counted = counted.with_prefill(prefill);
         }
-        if ticket == 0 {
-            // No ticket to report the end with.
-            held.release();
-        } else {
+        if ticket != 0 {
             // Released at once if the end came first.
-            self.tickets.open(ticket, held);
+            self.tickets.open(ticket, counted);
         }
+        // Else no ticket to report the end with: released here, dropped.
     }
 
     fn no_workers(&self, role: Role) -> Unrouted {

@@ -306,12 +306,13 @@ impl Engine {
         if let Some(gate) = &self.gate {
             gate.release(c.ticket);
         }
-        let Some(held) = self.tickets.close(c.ticket) else {
+        let Some(mut counted) = self.tickets.close(c.ticket) else {
             return Vec::new();
         };
-        held.release();
-        let failed = self.record_attempts(&held.plan, c);
-        let worker = held.worker;
+        let worker = counted.worker.clone();
+        let plan = std::mem::take(&mut counted.plan);
+        drop(counted); // releases the load
+        let failed = self.record_attempts(&plan, c);
         let failed_over = !c.upstream_host.is_empty() && c.upstream_host != worker.endpoint_text;
         self.metrics.finished(
             c.duration_us as f64 / 1e6,
@@ -334,13 +335,8 @@ impl Engine {
         if let Some(gate) = &self.gate {
             gate.release(ticket);
         }
-        match self.tickets.close(ticket) {
-            Some(held) => {
-                held.release();
-                true
-            }
-            None => false,
-        }
+        // Dropped, so released.
+        self.tickets.close(ticket).is_some()
     }
 
     /// What can be told of a worker without calling anything: that this

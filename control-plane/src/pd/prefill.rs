@@ -9,7 +9,7 @@ use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
 use crate::routing_key::RoutingKey;
-use crate::tickets::{Held, PrefillHandle};
+use crate::tickets::{Counted, PrefillHandle};
 use crate::workers::{error_chain, Registry, Worker};
 
 /// One prefill request to send.
@@ -41,16 +41,6 @@ pub struct PrefillDispatcher {
     registry: Arc<Registry>,
 }
 
-/// Holds a prefill unit's load for as long as its request runs, including
-/// when the task is aborted (client gone) or panics.
-struct LoadGuard(Held);
-
-impl Drop for LoadGuard {
-    fn drop(&mut self) {
-        self.0.release();
-    }
-}
-
 impl PrefillDispatcher {
     /// A dispatcher sending through `client` (the control plane's one
     /// client for workers: TLS and the client certificate for `https://`
@@ -74,7 +64,9 @@ impl PrefillDispatcher {
     /// ticket keeps it with the decode's load). Must run inside a tokio
     /// runtime.
     pub fn dispatch(&self, job: PrefillJob) -> PrefillHandle {
-        let guard = LoadGuard(Held::start(job.worker.clone(), job.work, job.routing_key));
+        // The prefill unit's load, held for as long as its request runs,
+        // including when the task is aborted (client gone) or panics.
+        let guard = Counted::start(job.worker.clone(), job.work, job.routing_key);
         let (tx, rx) = watch::channel(None);
         let client = self.client.clone();
         let timeout = self.timeout;
