@@ -65,16 +65,16 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     }
-    let router = Router::build(&args)?;
+    let plane = ControlPlane::build(&args)?;
     // Probes every server as soon as it is registered, then on its schedule.
-    tokio::spawn(router.health.clone().run());
-    startup::register_initial_workers(&args, &router.enrollment, &router.health).await?;
+    tokio::spawn(plane.health.clone().run());
+    startup::register_initial_workers(&args, &plane.enrollment, &plane.health).await?;
     // Bad selectors or no cluster to reach stop the startup, named.
-    k8s::start(&args, router.enrollment.clone())
+    k8s::start(&args, plane.enrollment.clone())
         .await
         .context("Kubernetes service discovery")?;
-    upkeep::spawn(&args, &router.engine);
-    router.serve(&args).await
+    upkeep::spawn(&args, &plane.engine);
+    plane.serve(&args).await
 }
 
 /// --log-level sets this crate's level; dependencies (h2, hyper) stay at
@@ -124,15 +124,15 @@ fn init_logging(args: &Args) -> anyhow::Result<Option<SdkTracerProvider>> {
 }
 
 /// The running parts of the control plane.
-struct Router {
+struct ControlPlane {
     engine: Arc<Engine>,
     health: Arc<HealthChecker>,
     enrollment: Arc<Enrollment>,
 }
 
-impl Router {
+impl ControlPlane {
     /// The registry, policies, engine and health checker the flags describe.
-    fn build(args: &Args) -> anyhow::Result<Router> {
+    fn build(args: &Args) -> anyhow::Result<ControlPlane> {
         let mode = if args.pd_disaggregation {
             Mode::Pd
         } else {
@@ -193,7 +193,7 @@ impl Router {
             dp_aware = args.dp_aware,
             "router built"
         );
-        Ok(Router {
+        Ok(ControlPlane {
             engine,
             health,
             enrollment,
@@ -203,7 +203,7 @@ impl Router {
     /// Serves gRPC (the filter's calls, EDS, ext_proc) and the admin API
     /// until one fails or the process is told to stop.
     async fn serve(self, args: &Args) -> anyhow::Result<()> {
-        let Router {
+        let ControlPlane {
             engine,
             health,
             enrollment,

@@ -16,7 +16,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::engine::Engine;
-use crate::session::{Session, ANSWERS_BUFFERED};
+use crate::session::{FilterSession, ANSWERS_BUFFERED};
 
 /// Adapts the [`Engine`] to the filter's gRPC contract.
 pub struct RouterService {
@@ -42,7 +42,7 @@ impl Router for RouterService {
         request: Request<Streaming<SessionUp>>,
     ) -> Result<Response<SessionAnswers>, Status> {
         let (tx, rx) = mpsc::channel(ANSWERS_BUFFERED);
-        let session = Session::new(self.engine.clone());
+        let session = FilterSession::new(self.engine.clone());
         tokio::spawn(session.run(request.into_inner(), tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

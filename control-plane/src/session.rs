@@ -24,17 +24,17 @@ use crate::engine::Engine;
 pub const ANSWERS_BUFFERED: usize = 1024;
 
 /// One filter's session.
-pub struct Session {
+pub struct FilterSession {
     engine: Arc<Engine>,
     /// Tickets answered on this session whose end has not come.
     open: HashSet<u64>,
 }
 
-impl Session {
+impl FilterSession {
     /// A session over `engine`.
     pub fn new(engine: Arc<Engine>) -> Self {
         engine.metrics().session(1);
-        Session {
+        FilterSession {
             engine,
             open: HashSet::new(),
         }
@@ -120,7 +120,7 @@ impl Session {
     }
 }
 
-impl Drop for Session {
+impl Drop for FilterSession {
     fn drop(&mut self) {
         let released = self
             .open
@@ -153,12 +153,12 @@ mod tests {
     use crate::engine::tests::engine_with;
     use crate::engine::EngineOptions;
 
-    fn session() -> (Session, Arc<Engine>) {
+    fn session() -> (FilterSession, Arc<Engine>) {
         let engine = Arc::new(engine_with(
             EngineOptions::default(),
             &[(1, WorkerSpec::REGULAR, None)],
         ));
-        (Session::new(engine.clone()), engine)
+        (FilterSession::new(engine.clone()), engine)
     }
 
     fn question(ticket: u64) -> SessionUp {

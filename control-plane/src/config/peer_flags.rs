@@ -22,7 +22,7 @@ pub enum Values {
 
 /// This router's answer to one of sglang-router's flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
+pub enum Verdict {
     /// Accepted: what it asks for is done another way (how).
     Elsewhere(&'static str),
     /// Refused: a router inside Envoy has no use for it (why).
@@ -31,20 +31,20 @@ pub enum Answer {
     NotYet(&'static str),
 }
 
-impl Answer {
+impl Verdict {
     /// The answer's name in docs/flags.md's table.
     pub fn label(self) -> &'static str {
         match self {
-            Answer::Elsewhere(_) => "supported differently",
-            Answer::NotApplicable(_) => "refused: not applicable",
-            Answer::NotYet(_) => "refused: not built yet",
+            Verdict::Elsewhere(_) => "supported differently",
+            Verdict::NotApplicable(_) => "refused: not applicable",
+            Verdict::NotYet(_) => "refused: not built yet",
         }
     }
 
     /// Why, or how.
     pub fn reason(self) -> &'static str {
         match self {
-            Answer::Elsewhere(r) | Answer::NotApplicable(r) | Answer::NotYet(r) => r,
+            Verdict::Elsewhere(r) | Verdict::NotApplicable(r) | Verdict::NotYet(r) => r,
         }
     }
 }
@@ -59,14 +59,14 @@ pub struct PeerFlag {
     /// sglang-router's default, as text (empty: none).
     pub default: &'static str,
     /// This router's answer.
-    pub answer: Answer,
+    pub answer: Verdict,
 }
 
 const fn flag(
     name: &'static str,
     values: Values,
     default: &'static str,
-    answer: Answer,
+    answer: Verdict,
 ) -> PeerFlag {
     PeerFlag {
         name,
@@ -76,8 +76,8 @@ const fn flag(
     }
 }
 
-use Answer::{Elsewhere, NotApplicable};
 use Values::{Many, One, Switch};
+use Verdict::{Elsewhere, NotApplicable};
 
 const TOKENIZER: &str = "the router inside Envoy forwards HTTP: it does not tokenize, apply chat templates or parse model output (SGLang workers do)";
 const HISTORY: &str = "the router keeps no conversation history: it forwards the OpenAI/SGLang endpoints to workers and stores nothing";
@@ -196,7 +196,7 @@ pub fn screen(argv: Vec<OsString>) -> Result<(Vec<OsString>, Vec<String>), Strin
             Values::Many => values.is_empty(),
         };
         match peer.answer {
-            Answer::Elsewhere(how) => notes.push(format!("{name} (sglang-router's): {how}")),
+            Verdict::Elsewhere(how) => notes.push(format!("{name} (sglang-router's): {how}")),
             _ if default => notes.push(format!(
                 "{name} has sglang-router's default value and changes nothing here"
             )),

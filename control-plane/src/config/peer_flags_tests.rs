@@ -6,7 +6,7 @@ use std::ffi::OsString;
 
 use clap::CommandFactory;
 
-use super::peer_flags::{screen, Answer, OWN_BUT_DIFFERENT, PEER_FLAGS};
+use super::peer_flags::{screen, Verdict, OWN_BUT_DIFFERENT, PEER_FLAGS};
 use super::Args;
 
 /// `python -m sglang_router.launch_router --help` of sglang-router 0.3.2:
@@ -224,7 +224,7 @@ fn the_flag_table_gives_every_flag_the_same_answer() {
         let cell = row.split('|').nth(2).unwrap_or_default().trim();
         assert_eq!(cell, label, "docs/flags.md row of {name}: {row}");
         if let Some(f) = PEER_FLAGS.iter().find(|f| f.name == *name) {
-            if let Answer::Elsewhere(_) = f.answer {
+            if let Verdict::Elsewhere(_) = f.answer {
                 assert!(
                     row.contains(f.answer.reason()),
                     "{name}: docs/flags.md says how"

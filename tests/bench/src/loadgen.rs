@@ -50,7 +50,7 @@ pub struct ClosedLoopResult {
 
 /// How the closed loop reads an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
+pub enum Reading {
     /// The whole body; 2xx is a success.
     Whole,
     /// An SSE stream read to its end; a success is 2xx ending with
@@ -78,7 +78,7 @@ pub async fn closed_loop(
         warmup,
         measure,
         cpu,
-        Answer::Whole,
+        Reading::Whole,
     )
     .await
 }
@@ -91,7 +91,7 @@ pub async fn closed_loop_reading(
     warmup: Duration,
     measure: Duration,
     cpu: &dyn Fn() -> Option<f64>,
-    answer: Answer,
+    answer: Reading,
 ) -> anyhow::Result<ClosedLoopResult> {
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -170,7 +170,7 @@ async fn request(
     client: &reqwest::Client,
     url: &str,
     body: Vec<u8>,
-    answer: Answer,
+    answer: Reading,
 ) -> Result<u64, String> {
     let r = client
         .post(url)
@@ -186,8 +186,8 @@ async fn request(
         return Err(format!("HTTP {}: {}", status.as_u16(), text.trim()));
     }
     match answer {
-        Answer::Whole => r.bytes().await.map(|_| 0).map_err(|e| error_chain(&e)),
-        Answer::Sse => {
+        Reading::Whole => r.bytes().await.map(|_| 0).map_err(|e| error_chain(&e)),
+        Reading::Sse => {
             let mut counter = EventCounter::default();
             let mut stream = r.bytes_stream();
             while let Some(piece) = stream.next().await {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::loadgen::{self, Answer};
+use crate::loadgen::{self, Reading};
 use crate::params::{Contender, OverheadParams, SEED};
 use crate::procs::{self, Paths, Sims};
 use crate::stats::{median, Percentiles};
@@ -105,7 +105,7 @@ async fn interleaved(
     bodies: &Arc<Vec<Vec<u8>>>,
     conc: usize,
     p: &OverheadParams,
-    answer: Answer,
+    answer: Reading,
     what: &str,
 ) -> anyhow::Result<Rounds> {
     let mut rounds: Rounds = vec![Ok(Vec::new()); running.len()];
@@ -148,7 +148,7 @@ async fn interleaved(
                     );
                 }
             }
-            let chunks = if answer == Answer::Sse {
+            let chunks = if answer == Reading::Sse {
                 format!(" {:>9.0} chunks/s", res.chunks_per_s)
             } else {
                 String::new()
@@ -221,7 +221,7 @@ pub async fn overhead(
         ));
         for &conc in &p.concurrency {
             let what = format!("{bytes} B");
-            let rounds = interleaved(&mut running, &bodies, conc, p, Answer::Whole, &what).await?;
+            let rounds = interleaved(&mut running, &bodies, conc, p, Reading::Whole, &what).await?;
             for ((c, _), rs) in running.iter().zip(&rounds) {
                 let rs = rs.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
                 let (mid, pick) = median_round(rs).context("no round")?;
@@ -254,7 +254,7 @@ pub async fn overhead(
         &bodies,
         s.concurrency,
         p,
-        Answer::Sse,
+        Reading::Sse,
         "stream",
     )
     .await?;
@@ -335,7 +335,15 @@ async fn pd(
         d.max_tokens,
     ));
     let window = p.measure.as_secs_f64();
-    let rounds = interleaved(&mut running, &bodies, d.concurrency, p, Answer::Whole, "PD").await?;
+    let rounds = interleaved(
+        &mut running,
+        &bodies,
+        d.concurrency,
+        p,
+        Reading::Whole,
+        "PD",
+    )
+    .await?;
     for ((c, _), rs) in running.iter().zip(&rounds) {
         let row = match rs {
             Err(e) => PdRow {
