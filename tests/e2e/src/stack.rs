@@ -178,6 +178,7 @@ pub struct Stack {
     cp_hosts_file: Option<PathBuf>,
     cp_env: Vec<(String, String)>,
     envoy: Proc,
+    envoy_concurrency: usize,
 }
 
 /// Starts the control plane with `args`, in a mount namespace of its own
@@ -419,6 +420,7 @@ impl Stack {
             cp_hosts_file: opts.cp_hosts_file.clone(),
             cp_env: opts.cp_env.clone(),
             envoy,
+            envoy_concurrency: opts.envoy_concurrency,
         };
         // Ready when a request through Envoy reaches a worker (or, with no
         // workers, when the admin route answers).
@@ -549,6 +551,51 @@ impl Stack {
                 .parse()
                 .ok()
         })
+    }
+
+    /// Waits until the wasm filter has fetched the control plane's list of
+    /// healthy workers (it asks every `workers_refresh_ms`, 1 s) after this
+    /// call began, so that its outage fallback knows what the control plane
+    /// knew then; false if that has not happened within `timeout`. Returns
+    /// true at once for the ext_proc front doors, which have no such list.
+    ///
+    /// The fetches are the only unary calls to the control plane's cluster
+    /// while the filter's session is up and no request is too big for it,
+    /// and each VM (one per Envoy worker thread) has at most one in flight:
+    /// two more completed calls per VM than at the start mean a fetch that
+    /// began after it. With one worker thread (the default) that is exact;
+    /// with more, it is the same count spread over the threads.
+    pub async fn wait_worker_list_fetched(&self, timeout: Duration) -> bool {
+        if FrontDoor::current() != FrontDoor::Wasm {
+            return true;
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let threads = self.envoy_concurrency.max(1) as f64;
+        // Ends go on the session only while it is up; without it they are
+        // unary calls too.
+        let session = wait_until(timeout, || async {
+            self.metric("sgl_router_filter_sessions").await >= threads
+        })
+        .await;
+        if !session {
+            return false;
+        }
+        let completed = || async {
+            self.envoy_stat("cluster.sglang_control_plane.upstream_rq_completed")
+                .await
+        };
+        let Some(start) = completed().await else {
+            return false;
+        };
+        let needed = start + 2 * self.envoy_concurrency.max(1) as u64;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        wait_until(left, || async { completed().await.unwrap_or(0) >= needed }).await
+    }
+
+    /// Envoy's log so far (`E2E_ENVOY_LOG` sets its level, `warn` by
+    /// default; the wasm filter's warnings are in it).
+    pub fn envoy_log(&self) -> String {
+        self.envoy.log()
     }
 
     /// `(worker url, load)` from `/get_loads` on the control plane's own

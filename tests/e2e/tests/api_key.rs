@@ -75,8 +75,14 @@ async fn inference_needs_the_key_and_the_control_plane_passes_it_to_workers() {
         // nothing of the router checks the key then (docs/envoy.md, ext_proc).
         return;
     }
+    // The filter's fallback has the worker list (and the key's check).
+    assert!(
+        stack
+            .wait_worker_list_fetched(Duration::from_secs(10))
+            .await,
+        "the filter never fetched the worker list"
+    );
     stack.kill_control_plane();
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let r = send(None, "/generate").await.unwrap();
     expect_openai_error(r, 401).await;
     let r = send(Some(&format!("Bearer {KEY}")), "/v1/chat/completions")

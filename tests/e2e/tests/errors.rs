@@ -127,8 +127,13 @@ async fn control_plane_down_with_no_healthy_worker_known_is_a_prompt_answer() {
         })
         .await
     );
-    // Let the filter fetch the (now empty) worker list.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The filter fetches the (now empty) worker list.
+    assert!(
+        stack
+            .wait_worker_list_fetched(Duration::from_secs(10))
+            .await,
+        "the filter never fetched the worker list"
+    );
     stack.kill_control_plane();
     let started = Instant::now();
     let r = stack.post("/generate", r#"{"text":"x"}"#).await;

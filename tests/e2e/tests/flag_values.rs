@@ -177,7 +177,12 @@ async fn max_payload_size_holds_whatever_envoys_own_limit() {
     assert!(message.contains("100000"), "{message}");
     // Once the filter has the control plane's worker list, it refuses the
     // body itself; either way nothing reached the worker.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        stack
+            .wait_worker_list_fetched(Duration::from_secs(10))
+            .await,
+        "the filter never fetched the worker list"
+    );
     expect_openai_error(stack.post("/generate", &body(200_000)).await, 413).await;
     assert_eq!(stack.workers[0].served().await, 1);
 }

@@ -4,6 +4,8 @@
 //! failing has its circuit opened (sglang-router's retry and circuit-breaker
 //! flags and defaults).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -115,6 +117,11 @@ async fn under_load_a_failing_worker_costs_no_client_request() {
     assert!(stack.wait_loads_zero(Duration::from_secs(5)).await);
 }
 
+/// Requests each client sends after the kill, at least: the killed worker
+/// is met (and retried around) until it is probed down, then the fleet
+/// serves on without it.
+const AFTER_KILL_PER_CLIENT: u64 = 20;
+
 #[tokio::test]
 async fn a_worker_killed_under_load_costs_no_client_request() {
     let mut stack = Stack::start(StackOptions {
@@ -123,30 +130,70 @@ async fn a_worker_killed_under_load_costs_no_client_request() {
     })
     .await
     .unwrap();
-    let urls: Vec<String> = (0..8).map(|_| stack.url("/generate")).collect();
-    let tasks: Vec<_> = urls
-        .into_iter()
-        .enumerate()
-        .map(|(c, url)| {
+    let stop = Arc::new(AtomicBool::new(false));
+    let killed = Arc::new(AtomicBool::new(false));
+    let (sent, after_kill) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    // 8 closed-loop clients until told to stop; each status is kept with
+    // whether its request was sent after the kill.
+    let tasks: Vec<_> = (0..8)
+        .map(|c| {
+            let url = stack.url("/generate");
+            let (stop, killed) = (stop.clone(), killed.clone());
+            let (sent, after_kill) = (sent.clone(), after_kill.clone());
             tokio::spawn(async move {
                 let client = reqwest::Client::new();
                 let mut statuses = Vec::new();
-                for i in 0..40 {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let after = killed.load(Ordering::Relaxed);
                     let body = json!({"text": format!("{c}-{i}"), "sampling_params": {"max_new_tokens": 4}});
-                    let r = client.post(&url).json(&body).send().await.unwrap();
-                    statuses.push(r.status().as_u16());
+                    let r = client.post(&url).json(&body).send().await;
+                    statuses.push((r.map_or(0, |r| r.status().as_u16()), after));
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    if after {
+                        after_kill.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 statuses
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The load is under way, and the worker to kill has its share of it.
+    let under_way = wait_until(Duration::from_secs(10), || async {
+        sent.load(Ordering::Relaxed) >= 40 && stack.workers[2].served().await > 0
+    })
+    .await;
+    assert!(
+        under_way,
+        "{} requests before the kill",
+        sent.load(Ordering::Relaxed)
+    );
+    killed.store(true, Ordering::Relaxed);
     stack.workers[2].kill();
-    let mut bad = Vec::new();
+    // The load goes on past the kill.
+    let enough = wait_until(Duration::from_secs(30), || async {
+        after_kill.load(Ordering::Relaxed) >= 8 * AFTER_KILL_PER_CLIENT
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let mut statuses = Vec::new();
     for t in tasks {
-        bad.extend(t.await.unwrap().into_iter().filter(|s| *s != 200));
+        statuses.extend(t.await.unwrap());
     }
-    assert!(bad.is_empty(), "failed statuses: {bad:?}");
+    let after: Vec<u16> = statuses
+        .iter()
+        .filter(|(_, a)| *a)
+        .map(|(s, _)| *s)
+        .collect();
+    assert!(enough, "only {} requests sent after the kill", after.len());
+    let bad: Vec<_> = statuses.iter().filter(|(s, _)| *s != 200).collect();
+    assert!(bad.is_empty(), "failed (status, after the kill): {bad:?}");
+    eprintln!(
+        "{} requests, {} sent after the kill",
+        statuses.len(),
+        after.len()
+    );
 }
 
 #[tokio::test]

@@ -51,8 +51,88 @@ async fn session_up(stack: &Stack, within: Duration) -> bool {
 async fn stack_with_session_and_workers(options: StackOptions) -> Stack {
     let stack = Stack::start(options).await.unwrap();
     assert!(session_up(&stack, Duration::from_secs(5)).await);
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        stack
+            .wait_worker_list_fetched(Duration::from_secs(10))
+            .await,
+        "the filter never fetched the worker list"
+    );
     stack
+}
+
+/// The filter's deadline for an answer on the session (`route_timeout_ms`).
+const ROUTE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Questions the filter sent to the fallback because the session broke
+/// under them (its warning in Envoy's log).
+fn stranded_questions(stack: &Stack) -> usize {
+    stack
+        .envoy_log()
+        .lines()
+        .filter_map(|l| {
+            l.trim_end()
+                .split("); ")
+                .nth(1)?
+                .strip_suffix(" questions fall back")
+        })
+        .filter_map(|n| n.trim().parse::<usize>().ok())
+        .sum()
+}
+
+/// With the control plane frozen (SIGSTOP), sends `body` to `path` and,
+/// once its question is on the session stream, kills the control plane.
+/// Returns the request's status and how long it took from being sent.
+///
+/// The question is on the stream when Envoy has sent more bytes to the
+/// control plane since the request began. Nothing else sends any then: the
+/// answers to the frozen burst before were reported before their clients
+/// had them, and the wait for a worker-list fetch stuck on the frozen
+/// control plane (the filter starts no other for 5 s) comes first.
+async fn kill_while_a_question_waits(
+    stack: &mut Stack,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, Duration) {
+    let active = "cluster.sglang_control_plane.upstream_rq_active";
+    let tx = "cluster.sglang_control_plane.upstream_cx_tx_bytes_total";
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            stack.envoy_stat(active).await.unwrap_or(0) >= 2
+        })
+        .await,
+        "no worker-list fetch waits on the frozen control plane (active calls: {:?})",
+        stack.envoy_stat(active).await
+    );
+    let sent_before = stack.envoy_stat(tx).await.unwrap_or(0);
+    let stranded_before = stranded_questions(stack);
+    let url = stack.url(path);
+    let waiting = tokio::spawn(async move {
+        let started = Instant::now();
+        let r = reqwest::Client::new()
+            .post(url)
+            .json(&body)
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await;
+        (r.map_or(0, |r| r.status().as_u16()), started.elapsed())
+    });
+    // Polled often: the question has less than its deadline left.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stack.envoy_stat(tx).await.unwrap_or(0) <= sent_before {
+        assert!(Instant::now() < deadline, "the question never went out");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stack.kill_control_plane();
+    let (status, took) = waiting.await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(2), || async {
+            stranded_questions(stack) > stranded_before
+        })
+        .await,
+        "no question fell back when the session broke:\n{}",
+        stack.envoy_log()
+    );
+    (status, took)
 }
 
 #[tokio::test]
@@ -226,27 +306,20 @@ async fn questions_waiting_on_a_frozen_or_killed_control_plane_fall_back_and_the
         );
     }
 
-    // Killed while questions wait: they fall back when the stream breaks,
-    // before their deadline.
-    let waiting = {
-        let url = stack.url("/v1/completions");
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let r = reqwest::Client::new()
-                .post(url)
-                .json(&json!({"model": "m", "prompt": "waiting", "max_tokens": 2}))
-                .timeout(Duration::from_secs(20))
-                .send()
-                .await
-                .map_or(0, |r| r.status().as_u16());
-            (r, started.elapsed())
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    stack.kill_control_plane();
-    let (status, took) = waiting.await.unwrap();
+    // Killed while a question waits: it falls back when the stream breaks,
+    // before its deadline, which is at least 500 ms after the request was
+    // sent (the filter asks once the request is in).
+    let (status, took) = kill_while_a_question_waits(
+        &mut stack,
+        "/v1/completions",
+        json!({"model": "m", "prompt": "waiting", "max_tokens": 2}),
+    )
+    .await;
     assert_eq!(status, 200);
-    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(
+        took < ROUTE_TIMEOUT,
+        "took {took:?}: not before the deadline"
+    );
 
     // Back: the session reopens and decisions are the control plane's again.
     stack.restart_control_plane().await.unwrap();
@@ -325,7 +398,12 @@ async fn pd_requests_ask_and_wait_for_their_prefill_on_the_session() {
     assert!(session_up(&stack, Duration::from_secs(5)).await);
     // The worker list (polled every second) says PD: bodies go with the
     // first question, so no NeedBody round trip either.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        stack
+            .wait_worker_list_fetched(Duration::from_secs(10))
+            .await,
+        "the filter never fetched the worker list"
+    );
     let calls = || async {
         stack
             .envoy_stat("cluster.sglang_control_plane.upstream_rq_total")
@@ -407,33 +485,23 @@ async fn pd_questions_that_fall_back_from_the_stream_get_their_local_prefills_ou
     }
 
     // Killed while a question waits: the broken stream sends it to the
-    // fallback at once, again as the root.
-    let waiting = {
-        let stack_url = stack.url("/v1/chat/completions");
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let r = reqwest::Client::new()
-                .post(stack_url)
-                .json(&json!({
-                    "model": "m",
-                    "max_tokens": 2,
-                    "messages": [{"role": "user", "content": "waiting"}],
-                }))
-                .timeout(Duration::from_secs(20))
-                .send()
-                .await;
-            let status = match r {
-                Ok(r) => r.status().as_u16(),
-                Err(_) => 0,
-            };
-            (status, started.elapsed())
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    stack.kill_control_plane();
-    let (status, took) = waiting.await.unwrap();
+    // fallback before its deadline (at least 500 ms after the request was
+    // sent), again as the root.
+    let (status, took) = kill_while_a_question_waits(
+        &mut stack,
+        "/v1/chat/completions",
+        json!({
+            "model": "m",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "waiting"}],
+        }),
+    )
+    .await;
     assert_eq!(status, 200, "took {took:?}");
-    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(
+        took < ROUTE_TIMEOUT,
+        "took {took:?}: not before the deadline"
+    );
     // The prefill halves came from the filter (its request ids end so).
     let local = stack.prefills[0]
         .requests()

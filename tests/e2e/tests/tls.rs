@@ -172,8 +172,14 @@ async fn without_ca_cert_paths_a_private_ca_worker_never_becomes_healthy() {
         .await
         .expect("admin API");
     assert_eq!(r.status(), 200, "an https URL is accepted");
-    // Health checks run every second: give them a few.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Health checks run every second: wait for a few to be refused.
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            handshakes(&w).await.1 >= 3
+        })
+        .await,
+        "fewer than 3 health checks reached the worker"
+    );
     assert_eq!(healthy(&stack, &w.url).await, Some(false));
     let (_, failures) = handshakes(&w).await;
     assert!(failures > 0, "the control plane's checks were refused");
@@ -207,7 +213,13 @@ async fn mtls_worker_without_a_client_certificate_stays_unhealthy() {
         .expect("admin API");
     // Accepted; it registers, and stays unhealthy.
     assert_eq!(r.status(), 202);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            handshakes(&w).await.1 >= 3
+        })
+        .await,
+        "fewer than 3 health checks reached the worker"
+    );
     assert_eq!(healthy(&stack, &w.url).await, Some(false));
     let (_, failures) = handshakes(&w).await;
     assert!(
