@@ -48,7 +48,7 @@ pub fn profile_of(snapshot: &WorkersSnapshot, endpoint: &str) -> WireProfile {
         .get(endpoint)
         .and_then(|c| Code::try_from(*c).ok())
     {
-        Some(Code::Seeds) => WireProfile::Seeds,
+        Some(Code::Legacy) => WireProfile::Legacy,
         Some(Code::Upstream) => WireProfile::Upstream,
         Some(Code::Unspecified) | None => WireProfile::default(),
     }
@@ -197,7 +197,7 @@ mod tests {
         pd.wire_profiles = [
             (
                 "d:1".to_string(),
-                sglang_envoy_proto::WireProfile::Seeds as i32,
+                sglang_envoy_proto::WireProfile::Legacy as i32,
             ),
             (
                 "p:1".to_string(),
@@ -207,7 +207,7 @@ mod tests {
         .into();
         f.update(t0, pd);
         let c = f.choose(t0, Duration::from_secs(1), 0).unwrap();
-        assert_eq!(c.profiles.serving, WireProfile::Seeds);
+        assert_eq!(c.profiles.serving, WireProfile::Legacy);
         assert_eq!(c.profiles.prefill, WireProfile::Upstream);
     }
 }

@@ -38,11 +38,13 @@ impl From<DestinationFlag> for sglang_envoy_lifecycle::Destination {
 #[value(rename_all = "snake_case")]
 pub enum WireProfileFlag {
     /// Each worker's own, from the `version` of its `/server_info` (read
-    /// with `--dp-aware`): seeds before SGLang 0.5.10, upstream from then on
+    /// with `--dp-aware`): legacy before SGLang 0.5.10, upstream from then on
     /// and when the version is not known.
     Auto,
-    /// `data_parallel_rank` / `data_parallel_rank_decode`, as the seeds.
-    Seeds,
+    /// `data_parallel_rank` / `data_parallel_rank_decode`, as SGLang before
+    /// 0.5.10 (and the design notes); `seeds`, its first name, is accepted.
+    #[value(alias = "seeds")]
+    Legacy,
     /// `routed_dp_rank` / `disagg_prefill_dp_rank` and rooms aligned to the
     /// prefill's rank, as SGLang 0.5.10 and later.
     Upstream,
@@ -53,7 +55,7 @@ impl WireProfileFlag {
     pub fn forced(self) -> Option<sglang_envoy_body::WireProfile> {
         match self {
             WireProfileFlag::Auto => None,
-            WireProfileFlag::Seeds => Some(sglang_envoy_body::WireProfile::Seeds),
+            WireProfileFlag::Legacy => Some(sglang_envoy_body::WireProfile::Legacy),
             WireProfileFlag::Upstream => Some(sglang_envoy_body::WireProfile::Upstream),
         }
     }
@@ -107,7 +109,7 @@ pub struct Args {
     pub dp_aware: bool,
 
     /// The spelling of the DP and PD fields written into request bodies:
-    /// `auto` (each worker's, from its SGLang version), `seeds` or
+    /// `auto` (each worker's, from its SGLang version), `legacy` or
     /// `upstream` (see docs/routing.md, "Wire profiles").
     #[arg(long, value_enum, default_value = "auto")]
     pub wire_profile: WireProfileFlag,

@@ -20,11 +20,14 @@ fn defaults_match_sglang_router() {
     assert_eq!(a.worker_startup_check_interval, 30);
     assert_eq!(a.assignment_mode, AssignmentMode::Random);
     assert!(a.validate().is_ok());
-    let seeds = Args::parse_from(["cp", "--wire-profile", "seeds"]);
-    assert_eq!(
-        seeds.wire_profile.forced(),
-        Some(sglang_envoy_body::WireProfile::Seeds)
-    );
+    // `seeds`: the legacy profile's first name, still accepted.
+    for name in ["legacy", "seeds"] {
+        let legacy = Args::parse_from(["cp", "--wire-profile", name]);
+        assert_eq!(
+            legacy.wire_profile.forced(),
+            Some(sglang_envoy_body::WireProfile::Legacy)
+        );
+    }
     assert!(Args::try_parse_from(["cp", "--wire-profile", "latest"]).is_err());
 }
 

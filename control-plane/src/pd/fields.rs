@@ -21,7 +21,7 @@ pub fn wire_profile(forced: Option<WireProfile>, version: Option<&str>) -> WireP
 /// `profile` as the workers snapshot's enum (for the filter's fallback).
 pub fn wire_code(profile: WireProfile) -> i32 {
     let code = match profile {
-        WireProfile::Seeds => sglang_envoy_proto::WireProfile::Seeds,
+        WireProfile::Legacy => sglang_envoy_proto::WireProfile::Legacy,
         WireProfile::Upstream => sglang_envoy_proto::WireProfile::Upstream,
     };
     code as i32
@@ -70,7 +70,7 @@ mod tests {
     use crate::workers::{Role, ServerFacts, WorkerAddress, WorkerSpec};
 
     fn worker(role: Role, port: Option<u16>, rank: Option<u32>) -> Worker {
-        profiled(role, port, rank, WireProfile::Seeds)
+        profiled(role, port, rank, WireProfile::Legacy)
     }
 
     fn profiled(role: Role, port: Option<u16>, rank: Option<u32>, wire: WireProfile) -> Worker {
@@ -168,10 +168,10 @@ mod tests {
     #[test]
     fn profile_is_forced_else_read_from_the_version_else_upstream() {
         let up = WireProfile::Upstream;
-        let seeds = WireProfile::Seeds;
-        assert_eq!(wire_profile(Some(seeds), Some("0.5.23")), seeds);
+        let legacy = WireProfile::Legacy;
+        assert_eq!(wire_profile(Some(legacy), Some("0.5.23")), legacy);
         assert_eq!(wire_profile(Some(up), Some("0.5.4")), up);
-        assert_eq!(wire_profile(None, Some("0.5.9")), seeds);
+        assert_eq!(wire_profile(None, Some("0.5.9")), legacy);
         assert_eq!(wire_profile(None, Some("0.5.10")), up);
         assert_eq!(wire_profile(None, Some("custom-build")), up);
         assert_eq!(wire_profile(None, None), up);

@@ -127,7 +127,7 @@ pub fn wants_input_logprobs(route: Route, body: &RequestBody<'_>) -> bool {
 /// of the batch size for a batch; then the DP ranks, each half in its
 /// worker's profile:
 ///
-/// | half | [`WireProfile::Seeds`] | [`WireProfile::Upstream`] |
+/// | half | [`WireProfile::Legacy`] | [`WireProfile::Upstream`] |
 /// | --- | --- | --- |
 /// | prefill | `data_parallel_rank` = its rank, if any | `routed_dp_rank` = its rank, if any |
 /// | decode | `data_parallel_rank` = the prefill's rank and `data_parallel_rank_decode` = its own, both always present (null without ranks) | `routed_dp_rank` = its own rank and `disagg_prefill_dp_rank` = the prefill's, each if any |
@@ -181,7 +181,7 @@ pub fn pd_fields(
     fields.prefill.extend(dp_rank_fields(&prefill));
     let decode = bootstrap.decode;
     match decode.profile {
-        WireProfile::Seeds => {
+        WireProfile::Legacy => {
             fields
                 .decode
                 .push(("data_parallel_rank", rank_json(prefill.rank)));
@@ -204,12 +204,12 @@ pub fn pd_fields(
 }
 
 /// The rank field of a request to `unit` alone (regular mode, or a PD
-/// prefill half): `data_parallel_rank` (seeds) or `routed_dp_rank`
+/// prefill half): `data_parallel_rank` (legacy) or `routed_dp_rank`
 /// (upstream; SGLang 0.5.10+ still reads the old name, with a deprecation
 /// warning per request); nothing without a rank.
 pub fn dp_rank_fields(unit: &Unit) -> Vec<(&'static str, String)> {
     let key = match unit.profile {
-        WireProfile::Seeds => "data_parallel_rank",
+        WireProfile::Legacy => "data_parallel_rank",
         WireProfile::Upstream => "routed_dp_rank",
     };
     unit.rank
@@ -331,7 +331,7 @@ mod tests {
     #[test]
     fn rooms_are_masked_into_the_signed_range() {
         let none = Unit::default();
-        for profile in [WireProfile::Seeds, WireProfile::Upstream] {
+        for profile in [WireProfile::Legacy, WireProfile::Upstream] {
             let (p, d) = halves(
                 r#"{"text":"x"}"#,
                 unit(profile, None, None),
@@ -344,10 +344,10 @@ mod tests {
     }
 
     #[test]
-    fn seeds_profile_writes_the_seeds_fields() {
-        let seeds = |rank| unit(WireProfile::Seeds, rank, rank.map(|_| 4));
+    fn legacy_profile_writes_the_legacy_fields() {
+        let legacy = |rank| unit(WireProfile::Legacy, rank, rank.map(|_| 4));
         // DP-aware: the prefill's rank in both halves, the decode's own too.
-        let (p, d) = halves(r#"{"text":"x"}"#, seeds(Some(3)), seeds(Some(1)), &[10]);
+        let (p, d) = halves(r#"{"text":"x"}"#, legacy(Some(3)), legacy(Some(1)), &[10]);
         assert_eq!(p["data_parallel_rank"], 3);
         assert!(p.get("data_parallel_rank_decode").is_none());
         assert!(p.get("routed_dp_rank").is_none());
@@ -356,7 +356,7 @@ mod tests {
         assert!(d.get("routed_dp_rank").is_none() && d.get("disagg_prefill_dp_rank").is_none());
         assert_eq!(p["bootstrap_room"], 10, "random room, not aligned");
         // Without ranks: the decode half still carries both, as null.
-        let (p, d) = halves(r#"{"text":"x"}"#, seeds(None), seeds(None), &[10]);
+        let (p, d) = halves(r#"{"text":"x"}"#, legacy(None), legacy(None), &[10]);
         assert!(p.get("data_parallel_rank").is_none());
         let d = d.as_object().unwrap();
         assert!(d["data_parallel_rank"].is_null() && d["data_parallel_rank_decode"].is_null());
@@ -442,14 +442,14 @@ mod tests {
     fn each_half_follows_its_own_workers_profile() {
         let (p, d) = halves(
             r#"{"text":"x"}"#,
-            unit(WireProfile::Seeds, Some(1), Some(2)),
+            unit(WireProfile::Legacy, Some(1), Some(2)),
             unit(WireProfile::Upstream, Some(0), Some(2)),
             &[4],
         );
         assert_eq!(p["data_parallel_rank"], 1);
         assert_eq!(
             p["bootstrap_room"], 4,
-            "a seeds prefill's room is not aligned"
+            "a legacy prefill's room is not aligned"
         );
         assert_eq!(d["routed_dp_rank"], 0);
         assert_eq!(d["disagg_prefill_dp_rank"], 1);
@@ -458,7 +458,7 @@ mod tests {
     #[test]
     fn regular_rank_field_per_profile() {
         assert_eq!(
-            dp_rank_fields(&unit(WireProfile::Seeds, Some(2), Some(4))),
+            dp_rank_fields(&unit(WireProfile::Legacy, Some(2), Some(4))),
             [("data_parallel_rank", "2".to_string())]
         );
         assert_eq!(

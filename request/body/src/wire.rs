@@ -1,7 +1,8 @@
 //! Which dialect of SGLang's request fields a worker speaks.
 //!
-//! Two spellings of the data-parallel fields exist. The seeds (the design
-//! notes this router was built from, matching sglang-router's
+//! Two spellings of the data-parallel fields exist. The legacy one (what
+//! SGLang before 0.5.10 reads; the design notes this router was built from
+//! use it too, matching sglang-router's
 //! `data_parallel_rank` and `data_parallel_rank_decode`) and SGLang itself
 //! since v0.5.10, which renamed the rank a worker runs a request on to
 //! `routed_dp_rank` (`data_parallel_rank` lives on as a deprecated alias,
@@ -20,11 +21,11 @@ use std::str::FromStr;
 /// The field dialect of one worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum WireProfile {
-    /// The seeds' fields: `data_parallel_rank` is the rank a worker runs on,
+    /// The legacy fields: `data_parallel_rank` is the rank a worker runs on,
     /// and a PD decode half carries the prefill's rank as
     /// `data_parallel_rank` and its own as `data_parallel_rank_decode`
     /// (both null without DP ranks). What SGLang before 0.5.10 reads.
-    Seeds,
+    Legacy,
     /// SGLang since 0.5.10: `routed_dp_rank` is the rank a worker runs on; a
     /// PD decode half names the prefill's rank in `disagg_prefill_dp_rank`,
     /// and the room is chosen so that `bootstrap_room % dp_size` is the
@@ -41,13 +42,13 @@ impl WireProfile {
     /// The name used on the command line and in logs.
     pub fn as_str(self) -> &'static str {
         match self {
-            WireProfile::Seeds => "seeds",
+            WireProfile::Legacy => "legacy",
             WireProfile::Upstream => "upstream",
         }
     }
 
     /// The profile of a worker reporting `version` (SGLang's `__version__`,
-    /// from `/server_info` or `/get_server_info`): seeds before 0.5.10,
+    /// from `/server_info` or `/get_server_info`): legacy before 0.5.10,
     /// upstream from then on. `None` when the version does not start with
     /// three numbers; the caller decides what an unknown version gets.
     pub fn for_version(version: &str) -> Option<WireProfile> {
@@ -55,7 +56,7 @@ impl WireProfile {
         Some(if release >= UPSTREAM_SINCE {
             WireProfile::Upstream
         } else {
-            WireProfile::Seeds
+            WireProfile::Legacy
         })
     }
 }
@@ -81,9 +82,10 @@ impl fmt::Display for WireProfile {
     }
 }
 
-/// A profile name that is neither `seeds` nor `upstream`.
+/// A profile name that is neither `legacy` (or its old name `seeds`) nor
+/// `upstream`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown wire profile {0:?} (expected seeds or upstream)")]
+#[error("unknown wire profile {0:?} (expected legacy or upstream)")]
 pub struct UnknownProfile(pub String);
 
 impl FromStr for WireProfile {
@@ -91,7 +93,8 @@ impl FromStr for WireProfile {
 
     fn from_str(s: &str) -> Result<Self, UnknownProfile> {
         match s {
-            "seeds" => Ok(WireProfile::Seeds),
+            // `seeds`: the profile's first name, still accepted.
+            "legacy" | "seeds" => Ok(WireProfile::Legacy),
             "upstream" => Ok(WireProfile::Upstream),
             other => Err(UnknownProfile(other.to_string())),
         }
@@ -103,12 +106,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn versions_before_0_5_10_speak_the_seeds_fields() {
+    fn versions_before_0_5_10_speak_the_legacy_fields() {
         for (version, profile) in [
-            ("0.4.10.post2", Some(WireProfile::Seeds)),
-            ("0.5.4", Some(WireProfile::Seeds)),
-            ("0.5.9", Some(WireProfile::Seeds)),
-            ("0.5.9+sim", Some(WireProfile::Seeds)),
+            ("0.4.10.post2", Some(WireProfile::Legacy)),
+            ("0.5.4", Some(WireProfile::Legacy)),
+            ("0.5.9", Some(WireProfile::Legacy)),
+            ("0.5.9+sim", Some(WireProfile::Legacy)),
             ("0.5.10", Some(WireProfile::Upstream)),
             ("0.5.10rc0", Some(WireProfile::Upstream)),
             ("0.5.10.post1", Some(WireProfile::Upstream)),
@@ -126,7 +129,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for p in [WireProfile::Seeds, WireProfile::Upstream] {
+        for p in [WireProfile::Legacy, WireProfile::Upstream] {
             assert_eq!(p.as_str().parse::<WireProfile>(), Ok(p));
             assert_eq!(p.to_string(), p.as_str());
         }

@@ -157,7 +157,7 @@ async fn dp_pd_run(profile: &str) -> Vec<PairRanks> {
         let db: Value = serde_json::from_str(dr["body"].as_str().unwrap()).unwrap();
         assert_eq!(pb["bootstrap_room"], db["bootstrap_room"]);
         let ranks = match profile {
-            "seeds" => {
+            "legacy" => {
                 assert!(pb.get("data_parallel_rank_decode").is_none());
                 assert!(pb.get("routed_dp_rank").is_none() && db.get("routed_dp_rank").is_none());
                 assert_eq!(db["data_parallel_rank"], pb["data_parallel_rank"]);
@@ -205,7 +205,7 @@ async fn dp_pd_run(profile: &str) -> Vec<PairRanks> {
 
 #[tokio::test]
 async fn dp_aware_pd_tells_prefill_and_decode_their_ranks_in_each_wire_profile() {
-    for profile in ["upstream", "seeds"] {
+    for profile in ["upstream", "legacy"] {
         let pairs = dp_pd_run(profile).await;
         // Decode ranks are chosen independently of prefill ranks: some pair
         // differs, so a decode running on the prefill's rank would show.

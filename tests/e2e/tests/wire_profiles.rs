@@ -1,6 +1,6 @@
 //! The SGLang people run today, as the router sees it: the simulator speaks
 //! current SGLang by default (`routed_dp_rank`, FastAPI's error bodies, a
-//! `/health` that takes time), or the seeds' dialect. The PD and DP fields
+//! `/health` that takes time), or the legacy dialect. The PD and DP fields
 //! of each profile are checked in `dp.rs`; here, how the router learns a
 //! worker's facts and what `--wire-profile` forces.
 
@@ -55,12 +55,12 @@ async fn dp_size_is_read_from_whichever_info_route_the_worker_has() {
     }
 }
 
-/// `--wire-profile seeds` forces the seeds' fields on a current worker,
+/// `--wire-profile legacy` forces the legacy fields on a current worker,
 /// which still honours `data_parallel_rank` as a deprecated alias (and
 /// counts it); `auto` writes the worker's own `routed_dp_rank`.
 #[tokio::test]
 async fn the_flag_forces_a_profile_and_auto_follows_the_version() {
-    for (flag, field) in [("seeds", "data_parallel_rank"), ("auto", "routed_dp_rank")] {
+    for (flag, field) in [("legacy", "data_parallel_rank"), ("auto", "routed_dp_rank")] {
         let stack = Stack::start(dp_stack(&["--dp-size", "2"], &["--wire-profile", flag]))
             .await
             .unwrap();
@@ -77,7 +77,7 @@ async fn the_flag_forces_a_profile_and_auto_follows_the_version() {
         let deprecated = w.stats().await["deprecated_dp_rank"].as_u64().unwrap_or(0);
         assert_eq!(
             deprecated > 0,
-            flag == "seeds",
+            flag == "legacy",
             "{flag}: deprecated_dp_rank {deprecated}"
         );
     }

@@ -55,12 +55,12 @@ struct Cli {
     #[arg(long, default_value_t = 5000)]
     disaggregation_timeout_ms: u64,
     /// Which SGLang's DP-rank fields it reads: `upstream` (SGLang 0.5.10
-    /// and later: `routed_dp_rank`, `disagg_prefill_dp_rank`) or `seeds`
+    /// and later: `routed_dp_rank`, `disagg_prefill_dp_rank`) or `legacy`
     /// (`data_parallel_rank`, `data_parallel_rank_decode`).
     #[arg(long, default_value = "upstream")]
     wire_profile: WireProfile,
     /// The version the info routes report (default: 0.5.23+sim for
-    /// upstream, 0.5.9+sim for seeds).
+    /// upstream, 0.5.9+sim for legacy).
     #[arg(long)]
     sglang_version: Option<String>,
     /// Which info routes exist: `both` (`/server_info`, `/model_info` and

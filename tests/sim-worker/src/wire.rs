@@ -15,7 +15,8 @@
 //!   else `bootstrap_room % prefill dp_size`. A prefill with more than one
 //!   rank that is sent to a rank other than `room % dp_size` without
 //!   `disagg_prefill_dp_rank` fails ("follow_bootstrap_room conflict", 0.5.23).
-//! * **seeds** (the design notes the router was built from): a request runs
+//! * **legacy** (SGLang before 0.5.10, and the design notes the router was
+//!   built from): a request runs
 //!   on `data_parallel_rank`, a decode on `data_parallel_rank_decode` and
 //!   finds its KV on prefill rank `data_parallel_rank`, else
 //!   `bootstrap_room % prefill dp_size`. No SGLang release reads
@@ -33,8 +34,8 @@ use crate::request::{dp_rank, Body};
 /// The field dialect the simulator speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WireProfile {
-    /// The seeds' fields.
-    Seeds,
+    /// The legacy fields.
+    Legacy,
     /// SGLang 0.5.10 and later.
     #[default]
     Upstream,
@@ -44,17 +45,17 @@ impl WireProfile {
     /// The flag value.
     pub fn as_str(self) -> &'static str {
         match self {
-            WireProfile::Seeds => "seeds",
+            WireProfile::Legacy => "legacy",
             WireProfile::Upstream => "upstream",
         }
     }
 
     /// The version reported by default: the last release before the
-    /// renaming for seeds, the newest read for upstream, marked as
+    /// renaming for legacy, the newest read for upstream, marked as
     /// simulated (a PEP 440 local label).
     pub fn default_version(self) -> &'static str {
         match self {
-            WireProfile::Seeds => "0.5.9+sim",
+            WireProfile::Legacy => "0.5.9+sim",
             WireProfile::Upstream => "0.5.23+sim",
         }
     }
@@ -76,9 +77,9 @@ impl FromStr for WireProfile {
 
     fn from_str(s: &str) -> Result<Self, UnknownValue> {
         match s {
-            "seeds" => Ok(WireProfile::Seeds),
+            "legacy" | "seeds" => Ok(WireProfile::Legacy),
             "upstream" => Ok(WireProfile::Upstream),
-            other => Err(UnknownValue(other.into(), "seeds or upstream")),
+            other => Err(UnknownValue(other.into(), "legacy or upstream")),
         }
     }
 }
@@ -144,7 +145,7 @@ pub fn ranks(
 ) -> Result<Ranks, ApiError> {
     let old = dp_rank(body, "data_parallel_rank")?;
     Ok(match profile {
-        WireProfile::Seeds => match mode {
+        WireProfile::Legacy => match mode {
             DisaggregationMode::Decode => Ranks {
                 run: dp_rank(body, "data_parallel_rank_decode")?,
                 prefill: old,
@@ -211,14 +212,14 @@ mod tests {
         assert_eq!(
             (r.run, r.prefill),
             (Some(2), None),
-            "the seeds' decode lands on the prefill's rank"
+            "the legacy decode lands on the prefill's rank"
         );
         assert!(ranks(up, d, &body(json!({"routed_dp_rank": "1"}))).is_err());
     }
 
     #[test]
-    fn seeds_reads_the_seeds_fields() {
-        let s = WireProfile::Seeds;
+    fn legacy_reads_the_legacy_fields() {
+        let s = WireProfile::Legacy;
         let b = body(
             json!({"routed_dp_rank": 1, "data_parallel_rank": 2, "data_parallel_rank_decode": 3}),
         );
@@ -247,9 +248,9 @@ mod tests {
             ..none
         };
         assert!(room_conflict(up, &told, 1, 4, 2).is_none());
-        assert!(room_conflict(WireProfile::Seeds, &none, 1, 4, 2).is_none());
+        assert!(room_conflict(WireProfile::Legacy, &none, 1, 4, 2).is_none());
         assert_eq!("legacy".parse(), Ok(InfoRoutes::Legacy));
-        assert_eq!("seeds".parse(), Ok(WireProfile::Seeds));
+        assert_eq!("legacy".parse(), Ok(WireProfile::Legacy));
         assert!("both!".parse::<InfoRoutes>().is_err());
     }
 }

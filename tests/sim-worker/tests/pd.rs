@@ -485,7 +485,7 @@ impl Pd {
 
 #[tokio::test]
 async fn seeds_ranks_follow_explicit_fields_or_the_room() {
-    let p = pd_speaking(WireProfile::Seeds, 5000, 4).await;
+    let p = pd_speaking(WireProfile::Legacy, 5000, 4).await;
     let body = json!({"text": "abcd", "sampling_params": {"max_new_tokens": 1}});
     // room % 4 == 2 on both sides.
     p.pair("/generate", &body, 4 * 1000 + 2).await;
