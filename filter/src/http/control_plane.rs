@@ -56,8 +56,8 @@ impl Request {
     /// Reports the request's end: on the session stream at once, or, while
     /// there is none, in the root context's next batch. With `hold`, the
     /// answer's last bytes wait (held) until the control plane has counted
-    /// it; true when they must wait (the caller pauses them).
-    pub(super) fn report_end(&mut self, completion: Completion, hold: bool) -> bool {
+    /// it: `Flow::Wait` then (the caller pauses them).
+    pub(super) fn report_end(&mut self, completion: Completion, hold: bool) -> Flow {
         let ticket = completion.ticket;
         let up = SessionUp {
             kind: Some(Kind::End(completion)),
@@ -71,16 +71,17 @@ impl Request {
         } else {
             session.report(self.context_id, &message)
         };
+        if sent && hold {
+            self.hold(Hold::AnswerEnd, REPORT_WAIT);
+            return Flow::Wait;
+        }
         if sent {
-            if hold {
-                self.hold(Hold::AnswerEnd, REPORT_WAIT);
-            }
-            return hold;
+            return Flow::Go;
         }
         if let Some(Kind::End(completion)) = up.kind {
             self.shared.queue.push(completion);
         }
-        false
+        Flow::Go
     }
 
     /// Calls `method` of the control plane with `message`; false when it
@@ -157,16 +158,17 @@ impl Request {
         self.run(step)
     }
 
-    /// Follows the prefill half the control plane sent. False, with the
-    /// client answered, when that cannot be asked.
-    pub(super) fn await_prefill(&mut self) -> bool {
+    /// Follows the prefill half the control plane sent: the request may go
+    /// on. When that cannot be asked, the client is answered instead and
+    /// the request waits for nothing more (`Flow::Wait`: kept paused).
+    pub(super) fn await_prefill(&mut self) -> Flow {
         let timeout = Duration::from_millis(self.shared.config.prefill_timeout_ms);
         if self.ask_prefill(timeout, Call::Prefill) {
             self.prefill_sent();
-            return true;
+            return Flow::Go;
         }
         self.reply(LocalReply::unreachable());
-        false
+        Flow::Wait
     }
 
     /// Asks for the prefill's outcome once more, giving up after `grace`
@@ -216,18 +218,18 @@ impl Request {
 
     /// Reports an answer that starts with a worker's failure before the
     /// client sees it, so the circuit breakers have counted it before the
-    /// client's next request. True when the answer must wait (held) for
-    /// that.
-    pub(super) fn report_failure(&mut self, failure: Completion) -> bool {
+    /// client's next request: the answer waits (held) for that, unless
+    /// the report cannot be sent.
+    pub(super) fn report_failure(&mut self, failure: Completion) -> Flow {
         let report = CompleteRequest {
             completions: vec![failure],
         }
         .encode_to_vec();
-        let waits = self.call("Complete", &report, REPORT_WAIT, Call::Outcome);
-        if waits {
+        if self.call("Complete", &report, REPORT_WAIT, Call::Outcome) {
             self.hold(Hold::AnswerHead, REPORT_WAIT);
+            return Flow::Wait;
         }
-        waits
+        Flow::Go
     }
 
     /// A call answered: `grpc_status` of a gRPC call (`None` for the HTTP

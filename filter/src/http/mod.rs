@@ -267,7 +267,7 @@ impl HttpContext for Request {
         let elapsed_us = self.elapsed_us();
         let step = self.lc.on_response_head(head, || end_facts(elapsed_us));
         let action = self.response_head_step(step);
-        if end_of_stream && action == Action::Continue && self.answer_sent() {
+        if end_of_stream && action == Action::Continue && self.answer_sent() == Flow::Wait {
             return Action::Pause;
         }
         action
@@ -300,7 +300,7 @@ impl HttpContext for Request {
                 Action::Continue
             }
         };
-        if end_of_stream && self.answer_sent() {
+        if end_of_stream && self.answer_sent() == Flow::Wait {
             return Action::Pause;
         }
         action
@@ -308,7 +308,7 @@ impl HttpContext for Request {
 
     fn on_http_response_trailers(&mut self, _trailers: usize) -> Action {
         self.lc.on_response_end();
-        if self.answer_sent() {
+        if self.answer_sent() == Flow::Wait {
             return Action::Pause;
         }
         Action::Continue
@@ -328,15 +328,16 @@ impl HttpContext for Request {
 
 impl Request {
     /// The answer's last bytes are about to go to the client: report the
-    /// end now (`on_log` comes after the client has them). True when they
-    /// must wait until the control plane has counted it (`exact_loads`).
-    fn answer_sent(&mut self) -> bool {
+    /// end now (`on_log` comes after the client has them). They wait
+    /// (`Flow::Wait`) until the control plane has counted it
+    /// (`exact_loads`).
+    fn answer_sent(&mut self) -> Flow {
         match self.lc.end(&end_facts(self.elapsed_us())) {
             Some(completion) => {
                 let hold = self.shared.config.exact_loads;
                 self.report_end(completion, hold)
             }
-            None => false,
+            None => Flow::Go,
         }
     }
 }

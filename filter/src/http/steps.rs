@@ -41,7 +41,7 @@ impl Request {
 
     /// Sends the request on, edited as the decision says.
     fn forward(&mut self, f: Forward) -> Flow {
-        if f.await_prefill && !self.await_prefill() {
+        if f.await_prefill && self.await_prefill() == Flow::Wait {
             return Flow::Wait;
         }
         if let Some(body) = &f.body {
@@ -66,7 +66,8 @@ impl Request {
                     self.set_http_response_header("content-length", None);
                 }
                 // A failed answer waits until the control plane counted it.
-                if report.is_some_and(|c| self.report_failure(c)) {
+                let flow = report.map_or(Flow::Go, |c| self.report_failure(c));
+                if flow == Flow::Wait {
                     Action::Pause
                 } else {
                     Action::Continue
