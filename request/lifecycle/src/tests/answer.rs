@@ -1,0 +1,65 @@
+//! The answer: failure reports, SSE ends and hang-ups.
+
+use super::*;
+
+#[test]
+fn a_failed_answer_is_reported_before_it_goes_on_unless_envoy_made_it() {
+    let mut lc = forwarded(false, false, false);
+    let ResponseStep::Continue { release, report } = lc.on_response_head(ok_head(false), upstream)
+    else {
+        panic!("regular answers go on");
+    };
+    assert_eq!((release.watch, report), (Watch::Nothing, None));
+
+    let mut lc = forwarded(false, false, false);
+    let failed = ResponseHead {
+        status: 503,
+        sse: false,
+        end_of_stream: false,
+    };
+    let ResponseStep::Continue {
+        report: Some(c), ..
+    } = lc.on_response_head(failed, upstream)
+    else {
+        panic!("a worker's 503 is reported first");
+    };
+    assert!(c.outcome_only);
+    assert_eq!(c.http_status, 503);
+
+    let mut lc = forwarded(false, false, false);
+    let envoys = EndFacts {
+        code_details: Some("no_healthy_upstream".into()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        lc.on_response_head(failed, || envoys.clone()),
+        ResponseStep::Continue { report: None, .. }
+    ));
+}
+
+#[test]
+fn sse_is_watched_to_its_end_and_a_hang_up_is_a_cancel() {
+    for finish in [true, false] {
+        let mut lc = forwarded(false, false, false);
+        let ResponseStep::Continue { release, .. } = lc.on_response_head(ok_head(true), upstream)
+        else {
+            panic!();
+        };
+        assert_eq!(release.watch, Watch::Chunks);
+        assert_eq!(lc.on_response_body(b"data: {}\n\n", false), BodyStep::Pass);
+        if finish {
+            lc.on_response_body(b"data: [DONE]\n\n", true);
+        }
+        let c = lc.end(&upstream()).unwrap();
+        assert_eq!(c.client_cancelled, !finish);
+        assert_eq!(c.http_status, 200);
+    }
+    // Reset by the worker is not the client's doing.
+    let mut lc = forwarded(false, false, false);
+    let reset = EndFacts {
+        code_details: Some("upstream_reset_before_response_started".into()),
+        ..Default::default()
+    };
+    let c = lc.end(&reset).unwrap();
+    assert!(!c.client_cancelled && !c.local_reply);
+}
