@@ -4,7 +4,8 @@
 # release, runs the three scenarios of docs/benchmarks.md on loopback (1 with
 # its SSE streaming and PD cases), prints one report with ratios and goals,
 # and (full runs of every scenario) writes it to docs/benchmarks.md. Not part
-# of scripts/test.sh: a full run takes about 17 minutes.
+# of scripts/test.sh: a full run takes about 90 minutes on 2 cores (the
+# routing-quality matrix is most of it; --scenarios overhead alone, ~10).
 #
 #   scripts/bench.sh                      # everything, writes docs/benchmarks.md
 #   scripts/bench.sh --quick              # smoke run, report in .run/bench/
@@ -72,7 +73,7 @@ log "building the benchmark tools"
 (cd "$ROOT" && cargo build --release -p sglang-envoy-bench --bins)
 mkdir -p "$RUN_DIR" "$(dirname "$out")"
 
-args=(--scenarios "$scenarios" --run-dir "$RUN_DIR" --out "$out")
+args=(--scenarios "$scenarios" --run-dir "$RUN_DIR" --out "$out" --peer-python "$PEER_VENV/bin/python")
 [ "$quick" = 1 ] && args+=(--quick)
 [ -n "$only" ] && args+=(--only "$only")
 [ "$update" = 1 ] && args+=(--update "$ROOT/docs/benchmarks.md")

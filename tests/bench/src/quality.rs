@@ -1,6 +1,7 @@
 //! Scenario 2, routing quality: every contender on every workload shape of
-//! [`crate::shapes::matrix`] with every seed, each run on freshly started
-//! simulated workers (empty caches, zeroed counters).
+//! [`crate::shapes::matrix`] with every in-sample seed, then some of them
+//! ([`held_out_contenders`]) with the held-out seeds, each run on freshly
+//! started simulated workers (empty caches, zeroed counters).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +9,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::loadgen::{self, StreamOutcome};
-use crate::params::{Contender, QualityParams, QUALITY_SEEDS};
+use crate::params::{
+    Contender, QualityParams, QUALITY_HELD_OUT_SEEDS, QUALITY_OURS, QUALITY_SEEDS,
+};
 use crate::procs::{self, free_port, Fleet, Paths, Sims};
 use crate::shapes::{self, Shape};
 use crate::stats::Percentiles;
@@ -21,6 +24,10 @@ pub struct QualityRow {
     pub shape: String,
     /// Seed of the workload.
     pub seed: u64,
+    /// Whether `seed` is one of [`QUALITY_HELD_OUT_SEEDS`] (never used
+    /// while tuning) rather than of [`QUALITY_SEEDS`].
+    #[serde(default)]
+    pub held_out: bool,
     /// Contender label.
     pub contender: String,
     /// Requests sent.
@@ -140,8 +147,52 @@ fn router_args(p: &QualityParams, c: Contender) -> Vec<String> {
     a
 }
 
-/// Runs the matrix: for each shape and seed, every contender (in an order
-/// that rotates with the seed, so that none always runs first).
+/// Who of `contenders` runs a shape's held-out seeds, given the shape's
+/// in-sample rows: [`QUALITY_OURS`], the peer's `cache_aware` (the
+/// reference of its goal's hit ratio and 0.8x rules), the peer's
+/// `round_robin`, and each peer policy with the lowest mean TTFT p50 or p95
+/// over the in-sample seeds (the best peer policy the goal compares with).
+/// Others, tuning candidates among them, do not run them, which keeps the
+/// held-out seeds to what the goals read and out of tuning.
+pub fn held_out_contenders(contenders: &[Contender], in_sample: &[QualityRow]) -> Vec<Contender> {
+    let mean = |c: &Contender, f: fn(&QualityRow) -> f64| {
+        let label = c.label();
+        let v: Vec<f64> = in_sample
+            .iter()
+            .filter(|r| !r.held_out && r.contender == label)
+            .map(f)
+            .collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let peers: Vec<&Contender> = contenders
+        .iter()
+        .filter(|c| matches!(c, Contender::Peer(_)))
+        .collect();
+    let best = |f: fn(&QualityRow) -> f64| {
+        peers
+            .iter()
+            .filter_map(|c| mean(c, f).map(|m| (m, **c)))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, c)| c)
+    };
+    let best50 = best(|r| r.ttft_ms.p50);
+    let best95 = best(|r| r.ttft_ms.p95);
+    contenders
+        .iter()
+        .copied()
+        .filter(|&c| {
+            c == QUALITY_OURS
+                || c == Contender::peer("cache_aware")
+                || c == Contender::peer("round_robin")
+                || Some(c) == best50
+                || Some(c) == best95
+        })
+        .collect()
+}
+
+/// Runs the matrix: for each shape, each in-sample seed with every
+/// contender, then each held-out seed with [`held_out_contenders`] (in an
+/// order that rotates with the seed, so that none always runs first).
 /// With `only` not empty, just the shapes whose name contains one of
 /// its entries.
 pub async fn matrix(
@@ -156,22 +207,37 @@ pub async fn matrix(
         .filter(|c| !matches!(c, Contender::Direct | Contender::EnvoyAlone))
         .collect();
     let seeds = &QUALITY_SEEDS[..base.seeds.clamp(1, QUALITY_SEEDS.len())];
+    let held_out = &QUALITY_HELD_OUT_SEEDS[..base.held_out_seeds.min(QUALITY_HELD_OUT_SEEDS.len())];
     let mut rows = Vec::new();
     let wanted = |s: &Shape| only.is_empty() || only.iter().any(|o| s.name.contains(o.as_str()));
     for shape in shapes::matrix(base).into_iter().filter(wanted) {
-        for (k, &seed) in seeds.iter().enumerate() {
+        let first = rows.len();
+        let runs = seeds
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (i, s, false))
+            .chain(held_out.iter().enumerate().map(|(i, &s)| (i, s, true)));
+        for (k, (i, seed, is_held_out)) in runs.enumerate() {
+            let mut order = if is_held_out {
+                held_out_contenders(&contenders, &rows[first..])
+            } else {
+                contenders.clone()
+            };
+            if order.is_empty() {
+                continue;
+            }
             let schedule = Arc::new(workload::conversation_schedule(&shape.params, seed));
             eprintln!(
-                "  shape {:?}, seed {k}: {} requests over {:?}",
+                "  shape {:?}, {} seed {i}: {} requests over {:?}",
                 shape.name,
+                if is_held_out { "held-out" } else { "in-sample" },
                 schedule.len(),
                 shape.params.duration
             );
-            let mut order = contenders.clone();
-            let n = order.len().max(1);
+            let n = order.len();
             order.rotate_left(k % n);
             for c in order {
-                let row = cell(paths, &shape, seed, c, &schedule).await?;
+                let row = cell(paths, &shape, seed, is_held_out, c, &schedule).await?;
                 eprintln!(
                     "    {:<20} TTFT p50 {:>5.0} p95 {:>5.0} ms  hit {:.3}  max/min {:.2} {:?}  busy {:.0}%  failed {}{}",
                     row.contender,
@@ -195,6 +261,7 @@ async fn cell(
     paths: &Paths,
     shape: &Shape,
     seed: u64,
+    held_out: bool,
     c: Contender,
     schedule: &Arc<Vec<workload::Scheduled>>,
 ) -> anyhow::Result<QualityRow> {
@@ -208,7 +275,8 @@ async fn cell(
     r.check_alive()?;
     workers.prefill.check_alive()?;
     let stats = workers.prefill.stats().await?;
-    let row = summarise(shape, seed, c, &outcomes, &stats);
+    let mut row = summarise(shape, seed, c, &outcomes, &stats);
+    row.held_out = held_out;
     drop(r);
     drop(workers);
     // Let sockets and processes go before the next contender.
@@ -247,6 +315,7 @@ fn summarise(
     QualityRow {
         shape: shape.name.to_string(),
         seed,
+        held_out: false,
         contender: c.label(),
         requests: outcomes.len(),
         completed: done.len(),

@@ -1,7 +1,8 @@
 //! The workload matrix of scenario 2: each shape is the base workload of
 //! [`QualityParams`] with one thing changed, chosen because some routing
 //! policy does well or badly on it. Every contender runs every shape with
-//! every seed of [`crate::params::QUALITY_SEEDS`].
+//! every seed of [`crate::params::QUALITY_SEEDS`], and some of them with the
+//! held-out seeds ([`crate::params::QUALITY_HELD_OUT_SEEDS`]).
 
 use std::time::Duration;
 

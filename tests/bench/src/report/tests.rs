@@ -247,6 +247,7 @@ fn q(
     QualityRow {
         shape: shape.into(),
         seed,
+        held_out: false,
         contender: c.label(),
         requests: 100,
         completed: 100 - failed,
@@ -307,7 +308,7 @@ fn quality_goals_use_the_mean_over_seeds_and_every_rule() {
         "{}",
         many.measured
     );
-    let few = by_goal(&v, "Quality, few hot");
+    let few = by_goal(&v, "Quality, few hot, in-sample seeds");
     assert_eq!(few.pass, Some(false));
     for part in [
         "p50 151 vs 95 (round_robin) FAIL",
@@ -318,6 +319,185 @@ fn quality_goals_use_the_mean_over_seeds_and_every_rule() {
     }
     // Shapes that did not run have no verdict.
     assert!(!v.iter().any(|v| v.goal.contains("long prompts")));
+    // The profile runs held-out seeds but none are in the rows: their
+    // goals say so, n/a rather than PASS or FAIL.
+    for shape in ["many groups", "few hot"] {
+        let h = by_goal(&v, &format!("Quality, {shape}, held-out seeds"));
+        assert_eq!(h.pass, None, "{shape}");
+        assert_eq!(h.measured, "cost_aware or peer cache_aware missing");
+    }
+    assert_eq!(v.len(), 4, "{v:?}");
+}
+
+/// `q` on a held-out seed.
+fn held(
+    shape: &str,
+    seed: u64,
+    c: Contender,
+    p50: f64,
+    p95: f64,
+    hit: f64,
+    failed: usize,
+) -> QualityRow {
+    QualityRow {
+        held_out: true,
+        ..q(shape, seed, c, p50, p95, hit, failed)
+    }
+}
+
+/// "many groups" with two in-sample and two held-out seeds, every number
+/// different between the two: on the in-sample seeds ours passes every
+/// rule; on the held-out seeds (no power_of_two, which did not run them)
+/// cache_aware has the lowest p50 and the highest hit ratio, and ours lost
+/// 2 requests.
+fn split_rows() -> Vec<QualityRow> {
+    let (ca, rr, p2, us) = (
+        Contender::peer("cache_aware"),
+        Contender::peer("round_robin"),
+        Contender::peer("power_of_two"),
+        Contender::ours("cost_aware"),
+    );
+    let s = "many groups";
+    vec![
+        q(s, 1, ca, 400.0, 1000.0, 0.90, 0),
+        q(s, 1, rr, 300.0, 1100.0, 0.75, 0),
+        q(s, 1, p2, 900.0, 2000.0, 0.75, 0),
+        q(s, 1, us, 100.0, 600.0, 0.90, 0),
+        q(s, 2, ca, 500.0, 1200.0, 0.92, 0),
+        q(s, 2, rr, 300.0, 1100.0, 0.75, 0),
+        q(s, 2, p2, 900.0, 2000.0, 0.75, 0),
+        q(s, 2, us, 120.0, 700.0, 0.91, 0),
+        held(s, 101, us, 230.0, 690.0, 0.90, 2),
+        held(s, 101, ca, 200.0, 800.0, 0.93, 0),
+        held(s, 101, rr, 250.0, 1500.0, 0.74, 0),
+        held(s, 102, rr, 250.0, 1500.0, 0.74, 0),
+        held(s, 102, us, 250.0, 730.0, 0.90, 0),
+        held(s, 102, ca, 220.0, 1000.0, 0.93, 0),
+    ]
+}
+
+#[test]
+fn held_out_seeds_have_their_own_goals() {
+    let mut profile = Profile::full();
+    profile.quality.held_out_seeds = 2;
+    let inputs = Inputs {
+        quality: Some(split_rows()),
+        ..Inputs::default()
+    };
+    let v = verdicts(&inputs, &profile);
+    let goals: Vec<&str> = v.iter().map(|v| v.goal.as_str()).collect();
+    assert_eq!(
+        goals,
+        [
+            "Quality, many groups, in-sample seeds",
+            "Quality, many groups, held-out seeds"
+        ]
+    );
+    // In-sample: seeds 1 and 2 only (round_robin's 300 is the best p50
+    // there; the held-out cache_aware's 210 is not counted).
+    let ins = &v[0];
+    assert_eq!(
+        ins.measured,
+        "p50 110 vs 300 (round_robin) PASS; p95 650 vs 1100 (cache_aware) PASS; \
+         0.59x cache_aware PASS; hit 0.905 vs 0.910 PASS; failed 0 PASS"
+    );
+    assert_eq!(ins.pass, Some(true));
+    assert!(!ins.target.contains("held-out"), "{}", ins.target);
+    // Held-out: seeds 101 and 102 only, against the peers that ran them.
+    let out = &v[1];
+    assert_eq!(
+        out.measured,
+        "p50 240 vs 210 (cache_aware) FAIL; p95 710 vs 900 (cache_aware) PASS; \
+         0.79x cache_aware PASS; hit 0.900 vs 0.930 FAIL; failed 2 FAIL"
+    );
+    assert_eq!(out.pass, Some(false));
+    assert!(
+        out.target
+            .contains("the best peer policy's (of those run on held-out seeds)"),
+        "{}",
+        out.target
+    );
+    // Without held-out rows nor held-out seeds in the profile: no such goal.
+    profile.quality.held_out_seeds = 0;
+    let only_in: Vec<QualityRow> = split_rows().into_iter().filter(|r| !r.held_out).collect();
+    let v = verdicts(
+        &Inputs {
+            quality: Some(only_in),
+            ..Inputs::default()
+        },
+        &profile,
+    );
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].measured, ins.measured);
+}
+
+#[test]
+fn the_matrix_table_shows_held_out_seeds_beside_in_sample_ones() {
+    let profile = Profile::full();
+    let inputs = Inputs {
+        quality: Some(split_rows()),
+        ..Inputs::default()
+    };
+    let doc = render(&RunInfo::default(), &inputs, &profile);
+    assert!(
+        doc.contains(
+            "| shape | contender | TTFT p50 ms | TTFT p95 ms | hit | max/min | busy | failed \
+             | held-out TTFT p50 ms | held-out TTFT p95 ms | held-out hit | held-out failed |"
+        ),
+        "{doc}"
+    );
+    for row in [
+        // In-sample columns from seeds 1 and 2, held-out ones from 101 and
+        // 102, each failure count on its own side.
+        "| many groups | peer cache_aware | 450 (400-500) | 1100 (1000-1200) | 0.910 (0.900-0.920) | 1.00 | 50% | 0/200 \
+         | 210 (200-220) | 900 (800-1000) | 0.930 (0.930-0.930) | 0/200 |",
+        "| many groups | ours cost_aware | 110 (100-120) | 650 (600-700) | 0.905 (0.900-0.910) | 1.00 | 50% | 0/200 \
+         | 240 (230-250) | 710 (690-730) | 0.900 (0.900-0.900) | 2/200 (status 503) |",
+        "| many groups | peer round_robin | 300 (300-300) | 1100 (1100-1100) | 0.750 (0.750-0.750) | 1.00 | 50% | 0/200 \
+         | 250 (250-250) | 1500 (1500-1500) | 0.740 (0.740-0.740) | 0/200 |",
+        // Did not run the held-out seeds: those columns are empty.
+        "| many groups | peer power_of_two | 900 (900-900) | 2000 (2000-2000) | 0.750 (0.750-0.750) | 1.00 | 50% | 0/200 \
+         |  |  |  |  |",
+    ] {
+        assert!(doc.contains(row), "{row}\n{doc}");
+    }
+    assert!(
+        doc.contains("2 held-out seed(s), never used while tuning"),
+        "{doc}"
+    );
+}
+
+#[test]
+fn held_out_seeds_run_ours_the_reference_and_the_best_peers() {
+    let (ca, rr, p2, us) = (
+        Contender::peer("cache_aware"),
+        Contender::peer("round_robin"),
+        Contender::peer("power_of_two"),
+        Contender::ours("cost_aware"),
+    );
+    let candidate = Contender::ours("cost_aware --cost-queue-weight 1");
+    let contenders = [ca, us, rr, p2, candidate];
+    let s = "many groups";
+    // power_of_two is worst on both in-sample means: it does not run them,
+    // even with a held-out row where it is best (those are not read); nor
+    // does the tuning candidate.
+    let mut rows = split_rows();
+    rows.push(held(s, 101, p2, 1.0, 1.0, 0.75, 0));
+    assert_eq!(
+        crate::quality::held_out_contenders(&contenders, &rows),
+        [ca, us, rr]
+    );
+    // power_of_two best on the in-sample p95 (1000 against 1100): it runs
+    // them.
+    for r in rows.iter_mut().filter(|r| r.contender == p2.label()) {
+        r.ttft_ms.p95 = 1000.0;
+    }
+    assert_eq!(
+        crate::quality::held_out_contenders(&contenders, &rows),
+        [ca, us, rr, p2]
+    );
+    // Only what was asked for runs (`--only cost_aware`).
+    assert_eq!(crate::quality::held_out_contenders(&[us], &rows), [us]);
 }
 
 #[test]
@@ -347,7 +527,7 @@ fn the_matrix_table_shows_the_spread_and_splices_into_an_old_report() {
         "{new}"
     );
     assert!(
-        new.contains("| Engine | x | y | **PASS** |\n| Quality, many groups |"),
+        new.contains("| Engine | x | y | **PASS** |\n| Quality, many groups, in-sample seeds |"),
         "{new}"
     );
     assert!(
