@@ -269,7 +269,7 @@ impl Engine {
             self.complete(c)
         };
         if let Some(health) = &self.health {
-            health.suspect_each(failed.clone());
+            health.suspect_each(&failed);
         }
         failed
     }

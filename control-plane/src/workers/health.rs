@@ -125,12 +125,15 @@ impl HealthChecker {
 
     /// Checks, in the background, each worker a request's attempts failed
     /// on (see [`HealthChecker::suspect`]).
-    pub fn suspect_each(self: &Arc<Self>, failed: Vec<Arc<Worker>>) {
+    pub fn suspect_each(self: &Arc<Self>, failed: &[Arc<Worker>]) {
+        if failed.is_empty() {
+            return; // the common case: every request's end comes here
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         for worker in failed {
-            let this = self.clone();
+            let (this, worker) = (self.clone(), worker.clone());
             runtime.spawn(async move { this.suspect(&worker).await });
         }
     }
