@@ -296,6 +296,12 @@ impl Lifecycle {
     /// outage fallback); `prefill_merge` is `Some(merge logprobs)` when it
     /// sent a PD prefill half itself.
     pub fn forwarded_locally(&mut self, prefill_merge: Option<bool>) {
+        self.go_upstream(prefill_merge);
+    }
+
+    /// The request went on towards its worker(s); `prefill_merge` is
+    /// `Some(merge logprobs)` when a PD prefill half runs beside it.
+    fn go_upstream(&mut self, prefill_merge: Option<bool>) {
         if prefill_merge.is_some() {
             self.mode = Mode::Pd;
         }
@@ -413,11 +419,7 @@ impl Lifecycle {
                 }
             }
         }
-        let prefill_merge = decision.prefill.map(|follow| follow.merge_input_logprobs);
-        if prefill_merge.is_some() {
-            self.mode = Mode::Pd;
-        }
-        self.state = State::Upstream(AnswerState::after_forward(prefill_merge));
+        self.go_upstream(decision.prefill.map(|follow| follow.merge_input_logprobs));
         Step::Forward(Forward {
             endpoints: decision.endpoints.join(","),
             headers: decision.request_headers,
