@@ -4,8 +4,10 @@
 //! until the worker has read it. Many large bodies at once, or a stalled
 //! fleet that never reads them, would grow Envoy (and, for the moment a body
 //! is being routed, the control plane) without bound. Each request holds its
-//! body's size here from the moment it arrives until its worker answers or
-//! the request ends; a body that does not fit gets a JSON 503. The wasm
+//! body's size here, from its head when it declares a content-length (Envoy
+//! would otherwise gather a body that cannot fit before we see it), else as
+//! its bytes arrive, until its worker answers or the request ends; a body
+//! that does not fit gets a JSON 503. The wasm
 //! filter keeps the same kind of budget per VM (`filter/src/budget.rs`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -52,6 +54,13 @@ impl BodyBudget {
 pub struct BodyHold {
     budget: Arc<BodyBudget>,
     bytes: usize,
+}
+
+impl BodyHold {
+    /// Bytes this hold keeps.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 impl Drop for BodyHold {

@@ -157,7 +157,18 @@ impl Exchange {
             authorization: header("authorization"),
             traceparent: header("traceparent"),
         };
-        match self.lc.on_request_head(head) {
+        let step = self.lc.on_request_head(head);
+        // A body that will be read holds its declared size at once: in
+        // BUFFERED mode Envoy would gather all of it before we see a byte,
+        // so one that cannot fit is refused now, not after its upload.
+        if matches!(step, HeadStep::ReadBody) {
+            if let Some(declared) = self.declared_body {
+                if !self.hold_body(declared) {
+                    return self.reply(over_budget().into());
+                }
+            }
+        }
+        match step {
             HeadStep::Reply(r) => self.reply(r),
             // Full duplex: the head's reply waits for the decision, which
             // waits for the whole body.
@@ -192,10 +203,7 @@ impl Exchange {
         if let Some(r) = self.lc.on_body_progress(total) {
             return self.reply(r);
         }
-        // One hold for the body so far (the previous one let go first).
-        self.body_hold = None;
-        self.body_hold = self.budget.hold(total);
-        if self.body_hold.is_none() {
+        if !self.hold_body(total) {
             return self.reply(over_budget().into());
         }
         if self.request.body.is_empty() {
@@ -209,6 +217,18 @@ impl Exchange {
         }
         let step = self.lc.on_body(&self.request, self.attach_body());
         self.step(step)
+    }
+
+    /// Makes this request's one hold on the budget cover `bytes` (a hold
+    /// that already does is kept; a smaller one is let go first); false
+    /// when the budget cannot hold them.
+    fn hold_body(&mut self, bytes: usize) -> bool {
+        if self.body_hold.as_ref().is_some_and(|h| h.bytes() >= bytes) {
+            return true;
+        }
+        self.body_hold = None;
+        self.body_hold = self.budget.hold(bytes);
+        self.body_hold.is_some()
     }
 
     /// Carries out a step of the request's way to its worker; questions

@@ -44,11 +44,16 @@ struct Stream {
 
 impl Stream {
     fn open(engine: &Arc<Engine>, max_body_bytes: usize) -> Stream {
+        Stream::open_with(engine, max_body_bytes, BodyBudget::new(usize::MAX))
+    }
+
+    /// A stream sharing `budget` with others.
+    fn open_with(engine: &Arc<Engine>, max_body_bytes: usize, budget: Arc<BodyBudget>) -> Stream {
         let exchange = Exchange::new(
             engine.clone(),
             rand::random::<u64>() | 1,
             max_body_bytes,
-            BodyBudget::new(usize::MAX),
+            budget,
         );
         let (to, inbound) = mpsc::channel(4);
         let (tx, from) = mpsc::channel(4);
@@ -376,4 +381,53 @@ fn upstream_address_comes_from_the_response_attributes() {
         Some("10.0.0.2:30000")
     );
     assert_eq!(Attributes::of(&Default::default()), Attributes::default());
+}
+
+#[tokio::test]
+async fn a_body_declared_over_the_free_budget_is_refused_at_its_head() {
+    // In BUFFERED mode Envoy gathers the whole body before the control
+    // plane sees a byte of it: one that cannot fit is refused at its head,
+    // before its upload (the CI run of 2026-11-26 had 20 MB uploads waiting
+    // over 20 s for a refusal that came after them).
+    let e = engine(1);
+    let budget = BodyBudget::new(100);
+    let post_of = |len: &str| {
+        In::RequestHeaders(headers(
+            &[
+                (":method", "POST"),
+                (":path", "/generate"),
+                ("content-length", len),
+            ],
+            false,
+        ))
+    };
+    let mut holder = Stream::open_with(&e, 1000, budget.clone());
+    let r = holder.ask(post_of("60")).await;
+    assert!(matches!(r.response, Some(Out::RequestHeaders(_))), "{r:?}");
+    assert_eq!(budget.used(), 60);
+
+    let mut late = Stream::open_with(&e, 1000, budget.clone());
+    let (code, error) = immediate(&late.ask(post_of("50")).await);
+    assert_eq!(code, 503);
+    assert_eq!(error["error"]["code"], 503);
+    assert_eq!(budget.used(), 60);
+    late.end(true).await;
+
+    // The holder's body arriving in parts keeps its one hold.
+    holder
+        .send(In::RequestBody(HttpBody {
+            body: vec![b' '; 30],
+            end_of_stream: false,
+            ..Default::default()
+        }))
+        .await;
+    holder.end(true).await;
+    assert_eq!(budget.used(), 0);
+
+    let mut after = Stream::open_with(&e, 1000, budget.clone());
+    let r = after.ask(post_of("50")).await;
+    assert!(matches!(r.response, Some(Out::RequestHeaders(_))), "{r:?}");
+    after.end(true).await;
+    assert_eq!(budget.used(), 0);
+    assert_eq!(e.in_flight(), 0);
 }
