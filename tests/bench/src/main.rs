@@ -10,7 +10,7 @@ use std::process::Command;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use sglang_envoy_bench::params::{
-    Profile, OVERHEAD, PD, PEER_PACKAGE, QUALITY, QUALITY_CANDIDATES,
+    Profile, OVERHEAD, PD, PEER_PACKAGE, QUALITY, QUALITY_CANDIDATES, SMG_PACKAGE,
 };
 use sglang_envoy_bench::procs::Paths;
 use sglang_envoy_bench::report::{self, Inputs, RunInfo};
@@ -60,6 +60,9 @@ struct Cli {
     /// Python of the venv with sglang-router (default ROOT/.venv-bench/bin/python).
     #[arg(long)]
     peer_python: Option<PathBuf>,
+    /// Python of the venv with smg (default ROOT/.venv-smg/bin/python).
+    #[arg(long)]
+    smg_python: Option<PathBuf>,
     /// Logs, configs and raw results (default ROOT/.run/bench).
     #[arg(long)]
     run_dir: Option<PathBuf>,
@@ -138,6 +141,14 @@ fn run_info(cli: &Cli, paths: &Paths) -> RunInfo {
         ],
     )
     .unwrap_or_else(unknown);
+    let smg = output(
+        &paths.smg_python.display().to_string(),
+        &[
+            "-c",
+            "import importlib.metadata as m; print(m.version('smg'))",
+        ],
+    )
+    .unwrap_or_else(unknown);
     let root = paths.root.display().to_string();
     let commit =
         output("git", &["-C", &root, "rev-parse", "--short", "HEAD"]).unwrap_or_else(unknown);
@@ -173,6 +184,10 @@ fn run_info(cli: &Cli, paths: &Paths) -> RunInfo {
                 "peer".into(),
                 format!("sglang-router {peer} (pinned {PEER_PACKAGE})"),
             ),
+            (
+                "second peer".into(),
+                format!("smg {smg} (pinned {SMG_PACKAGE})"),
+            ),
         ],
         command,
     }
@@ -206,6 +221,10 @@ fn paths(cli: &Cli) -> anyhow::Result<Paths> {
             .peer_python
             .clone()
             .unwrap_or_else(|| root.join(".venv-bench/bin/python")),
+        smg_python: cli
+            .smg_python
+            .clone()
+            .unwrap_or_else(|| root.join(".venv-smg/bin/python")),
         run_dir,
         root,
     })

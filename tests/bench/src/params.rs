@@ -9,9 +9,39 @@ use std::time::Duration;
 /// that two runs send the same requests in the same order at the same times.
 pub const SEED: u64 = 0x5eed_0e11_7000_0001;
 
-/// The peer: sglang-router from PyPI, installed by `scripts/bench.sh` into its
-/// own venv. Pinned so that results compare across runs.
+/// The model every benchmark request names, and every benchmarked worker
+/// serves (the simulated worker's default `--model-path`; the instant
+/// worker's only model). smg routes by model and refuses a model no worker
+/// serves, so the two must agree.
+pub const MODEL: &str = "sim-model";
+
+/// The first peer: sglang-router from PyPI, installed by `scripts/bench.sh`
+/// into its own venv. Pinned so that results compare across runs.
 pub const PEER_PACKAGE: &str = "sglang-router==0.3.2";
+
+/// The second peer: smg (Shepherd Model Gateway), sglang-router's
+/// successor, installed by `scripts/bench.sh` into a venv of its own.
+pub const SMG_PACKAGE: &str = "smg==1.13.0";
+
+/// A peer router: each is installed in its own venv and started with the
+/// same fleet flags as this project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// sglang-router 0.3.2 ([`PEER_PACKAGE`]).
+    SglangRouter,
+    /// smg 1.13.0 ([`SMG_PACKAGE`]).
+    Smg,
+}
+
+impl Peer {
+    /// Name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::SglangRouter => "sglang-router",
+            Peer::Smg => "smg",
+        }
+    }
+}
 
 /// Who is benchmarked. Adding a contender is one line in [`OVERHEAD`] or
 /// [`QUALITY`] (e.g. `Contender::ours("my_policy")` once the control plane
@@ -24,8 +54,8 @@ pub enum Contender {
     /// the control plane's EDS, Envoy's round robin): what any router inside
     /// Envoy pays before it decides anything.
     EnvoyAlone,
-    /// sglang-router with this `--policy`.
-    Peer(&'static str),
+    /// A peer router with this `--policy`.
+    Peer(Peer, &'static str),
     /// This project (control plane + Envoy with the wasm filter) with this
     /// `--policy`.
     Ours(&'static str),
@@ -40,17 +70,25 @@ impl Contender {
         Contender::Ours(policy)
     }
 
-    /// The peer with `policy`.
+    /// The first peer, sglang-router, with `policy`: the reference of the
+    /// goals that name one peer.
     pub const fn peer(policy: &'static str) -> Contender {
-        Contender::Peer(policy)
+        Contender::Peer(Peer::SglangRouter, policy)
     }
 
-    /// Name in tables: `direct`, `peer cache_aware`, `ours cache_aware`.
+    /// The second peer, smg, with `policy`.
+    pub const fn smg(policy: &'static str) -> Contender {
+        Contender::Peer(Peer::Smg, policy)
+    }
+
+    /// Name in tables: `direct`, `peer cache_aware` (sglang-router),
+    /// `smg cache_aware`, `ours cache_aware`.
     pub fn label(&self) -> String {
         match self {
             Contender::Direct => "direct".into(),
             Contender::EnvoyAlone => "envoy alone (no filter)".into(),
-            Contender::Peer(p) => format!("peer {p}"),
+            Contender::Peer(Peer::SglangRouter, p) => format!("peer {p}"),
+            Contender::Peer(Peer::Smg, p) => format!("smg {p}"),
             Contender::Ours(p) => format!("ours {p}"),
             Contender::OursExtProc(p) => format!("ours ext_proc {p}"),
         }
@@ -58,32 +96,40 @@ impl Contender {
 }
 
 /// Scenario 1 contenders: the floors (the worker, Envoy with no filter),
-/// the peer and this project, cache-aware.
+/// both peers and this project, cache-aware.
 pub const OVERHEAD: &[Contender] = &[
     Contender::Direct,
     Contender::EnvoyAlone,
     Contender::peer("cache_aware"),
+    Contender::smg("cache_aware"),
     Contender::ours("cache_aware"),
     Contender::OursExtProc("cache_aware"),
 ];
 
-/// Scenario 1's PD case: this project and the peer in prefill/decode
+/// Scenario 1's PD case: this project and both peers in prefill/decode
 /// mode (one prefill and one decode simulated worker), in this order.
 pub const PD: &[Contender] = &[
     Contender::peer("cache_aware"),
+    Contender::smg("cache_aware"),
     Contender::ours("cache_aware"),
 ];
 
 /// Scenario 2 contenders, run in every cell of the workload matrix
-/// ([`crate::shapes`]) on fresh workers: this project's `cost_aware` and the
-/// three peer policies its goals compare against ([`QUALITY_RIVALS`]). The
-/// first peer entry is the reference of the "0.8x the peer's cache_aware"
-/// goal.
+/// ([`crate::shapes`]) on fresh workers: this project's `cost_aware` and
+/// every peer policy its goals compare against ([`QUALITY_RIVALS`]): both
+/// peers' policies that route a regular fleet. The first entry is the
+/// reference of the "0.8x the peer's cache_aware" goal.
 pub const QUALITY: &[Contender] = &[
     Contender::peer("cache_aware"),
     Contender::ours("cost_aware"),
     Contender::peer("round_robin"),
     Contender::peer("power_of_two"),
+    Contender::smg("cache_aware"),
+    Contender::smg("round_robin"),
+    Contender::smg("power_of_two"),
+    Contender::smg("least_load"),
+    Contender::smg("prefix_hash"),
+    Contender::smg("consistent_hashing"),
 ];
 
 /// The policy scenario 2's goals are about: this project's shipped
@@ -91,8 +137,18 @@ pub const QUALITY: &[Contender] = &[
 pub const QUALITY_OURS: Contender = Contender::ours("cost_aware");
 
 /// The peer policies [`QUALITY_OURS`] must beat in every shape: its goals
-/// compare it with the best of these.
-pub const QUALITY_RIVALS: [&str; 3] = ["cache_aware", "round_robin", "power_of_two"];
+/// compare it with the best of these, of either peer.
+pub const QUALITY_RIVALS: &[Contender] = &[
+    Contender::peer("cache_aware"),
+    Contender::peer("round_robin"),
+    Contender::peer("power_of_two"),
+    Contender::smg("cache_aware"),
+    Contender::smg("round_robin"),
+    Contender::smg("power_of_two"),
+    Contender::smg("least_load"),
+    Contender::smg("prefix_hash"),
+    Contender::smg("consistent_hashing"),
+];
 
 /// Candidates for tuning `cost_aware`, not in the matrix: `--only` runs
 /// those it names (`--only "ours cost_aware"` runs them beside the shipped

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::Value;
 
-use crate::params::Contender;
+use crate::params::{Contender, Peer};
 
 /// Where the binaries and the venvs are.
 #[derive(Debug, Clone)]
@@ -31,6 +31,8 @@ pub struct Paths {
     pub envoy: PathBuf,
     /// The Python of the venv with sglang-router.
     pub peer_python: PathBuf,
+    /// Python of the venv with smg, the second peer.
+    pub smg_python: PathBuf,
     /// Logs and rendered configs.
     pub run_dir: PathBuf,
 }
@@ -327,7 +329,7 @@ pub async fn start_with(
             }),
             Fleet::Pd { .. } => bail!("`direct` has no meaning in front of a PD fleet"),
         },
-        Contender::Peer(policy) => start_peer(paths, policy, &fleet_args(), tag).await,
+        Contender::Peer(peer, policy) => start_peer(paths, peer, policy, &fleet_args(), tag).await,
         Contender::EnvoyAlone => {
             let tag = format!("{tag}-alone");
             start_ours(paths, ENVOY_ALONE, "round_robin", &fleet_args(), &tag).await
@@ -433,21 +435,22 @@ fn without_filter(template: &str) -> anyhow::Result<String> {
 
 async fn start_peer(
     paths: &Paths,
+    peer: Peer,
     policy: &str,
     fleet_args: &[String],
     tag: &str,
 ) -> anyhow::Result<Running> {
     let (port, metrics) = (free_port()?, free_port()?);
-    let mut args: Vec<String> = [
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    // Both take sglang-router's flags; smg's own are under `launch`.
+    let (python, launch): (&PathBuf, &[&str]) = match peer {
+        Peer::SglangRouter => (&paths.peer_python, &["-m", "sglang_router.launch_router"]),
+        Peer::Smg => (&paths.smg_python, &["-m", "smg", "launch"]),
+    };
+    let mut args: Vec<String> = launch
+        .iter()
+        .chain(&["--host", "127.0.0.1", "--port"])
+        .map(|s| s.to_string())
+        .collect();
     args.push(port.to_string());
     args.push("--policy".into());
     args.push(policy.into());
@@ -467,8 +470,8 @@ async fn start_peer(
     args.push(metrics.to_string());
     args.extend_from_slice(fleet_args);
     let mut p = Proc::spawn(
-        &format!("{tag}-peer-{policy}"),
-        &paths.peer_python,
+        &format!("{tag}-{}-{policy}", peer.name()),
+        python,
         &args,
         &paths.run_dir,
     )?;

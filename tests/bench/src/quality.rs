@@ -130,7 +130,7 @@ fn router_args(p: &QualityParams, c: Contender) -> Vec<String> {
     }
     if p.pd.is_some() {
         let policy = match c {
-            Contender::Peer(x) | Contender::Ours(x) | Contender::OursExtProc(x) => x,
+            Contender::Peer(_, x) | Contender::Ours(x) | Contender::OursExtProc(x) => x,
             Contender::Direct | Contender::EnvoyAlone => "round_robin",
         };
         a.extend([
@@ -166,7 +166,7 @@ pub fn held_out_contenders(contenders: &[Contender], in_sample: &[QualityRow]) -
     };
     let peers: Vec<&Contender> = contenders
         .iter()
-        .filter(|c| matches!(c, Contender::Peer(_)))
+        .filter(|c| matches!(c, Contender::Peer(..)))
         .collect();
     let best = |f: fn(&QualityRow) -> f64| {
         peers

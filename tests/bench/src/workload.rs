@@ -95,7 +95,7 @@ pub fn text(rng: &mut StdRng, chars: usize) -> String {
 /// A chat body as a client sends it.
 fn chat_body(messages: &[Value], max_tokens: u32, stream: bool) -> Vec<u8> {
     let mut body = json!({
-        "model": "default",
+        "model": crate::params::MODEL,
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,

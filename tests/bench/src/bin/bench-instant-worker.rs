@@ -29,6 +29,7 @@ use axum::{Json, Router};
 use clap::Parser;
 use futures::StreamExt;
 use serde_json::json;
+use sglang_envoy_bench::params::MODEL;
 use sglang_envoy_bench::sse;
 
 /// A worker that answers every generation request at once.
@@ -45,7 +46,7 @@ struct Cli {
 /// The SSE answer's events, built once.
 static EVENTS: OnceLock<Arc<[Bytes]>> = OnceLock::new();
 
-const ANSWER: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":" tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"},"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":8,"total_tokens":9,"prompt_tokens_details":{"cached_tokens":0}}}"#;
+const ANSWER: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":" tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"},"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":8,"total_tokens":9,"prompt_tokens_details":{"cached_tokens":0}}}"#;
 
 async fn generate(body: Bytes) -> Response {
     // The body is read in full (as a worker must); only its stream flag
@@ -74,13 +75,11 @@ async fn generate(body: Bytes) -> Response {
 }
 
 async fn models() -> impl IntoResponse {
-    Json(
-        json!({"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "bench"}]}),
-    )
+    Json(json!({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "bench"}]}))
 }
 
 async fn info() -> impl IntoResponse {
-    Json(json!({"model_path": "bench", "is_generation": true, "dp_size": 1}))
+    Json(json!({"model_path": MODEL, "is_generation": true, "dp_size": 1}))
 }
 
 async fn loads() -> impl IntoResponse {

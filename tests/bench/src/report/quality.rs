@@ -138,7 +138,7 @@ pub(super) fn verdict(shape: &Shape, cells: &[Cell], seeds: Seeds) -> Verdict {
     let find = |label: &str| cells.iter().find(|c| c.contender == label);
     let rivals: Vec<&Cell> = QUALITY_RIVALS
         .iter()
-        .filter_map(|p| find(&Contender::peer(p).label()))
+        .filter_map(|c| find(&c.label()))
         .collect();
     let (Some(us), Some(ca)) = (find(&ours), find(&peer_ca)) else {
         return Verdict {
@@ -194,7 +194,8 @@ pub(super) fn verdict(shape: &Shape, cells: &[Cell], seeds: Seeds) -> Verdict {
     }
 }
 
-/// `peer round_robin` -> `round_robin`.
+/// `peer round_robin` -> `round_robin` (sglang-router's, the first peer);
+/// `smg round_robin` stays.
 fn short(label: &str) -> String {
     label.strip_prefix("peer ").unwrap_or(label).to_string()
 }

@@ -540,3 +540,50 @@ fn the_matrix_table_shows_the_spread_and_splices_into_an_old_report() {
     );
     assert!(splice_quality("# nothing\n", &info, &inputs, &profile).is_err());
 }
+
+/// With both peers in the run, each overhead goal compares with the peer
+/// better at what it measures: smg faster at 64 clients, sglang-router
+/// quicker at one client and cheaper in CPU; PD with the faster clean one.
+#[test]
+fn overhead_and_pd_goals_take_the_better_peer() {
+    let mut profile = Profile::full();
+    profile.overhead.body_bytes = vec![1024];
+    let smg = Contender::smg("cache_aware");
+    let mut rows = cells();
+    rows.extend([
+        row(smg, 1024, 1, 2_000.0, 0.400, 90.0),
+        row(smg, 1024, 16, 7_000.0, 2.5, 70.0),
+        row(smg, 1024, 64, 6_500.0, 9.5, 65.0),
+    ]);
+    let inputs = Inputs {
+        overhead: Some(rows),
+        ..Inputs::default()
+    };
+    let v = verdicts(&inputs, &profile);
+    let high = by_goal(&v, "wasm: req/s at concurrency 64");
+    assert_eq!(high.target, "ours cache_aware >= 1.2x smg cache_aware");
+    assert_eq!(high.measured, "6900 vs 6500 req/s = 1.06x");
+    let mid = by_goal(&v, "wasm: req/s at concurrency 16");
+    assert!(mid.target.ends_with("peer cache_aware"), "{}", mid.target);
+    let one = by_goal(&v, "added p50 latency");
+    assert!(one.target.contains("peer cache_aware's"), "{}", one.target);
+    let ext = by_goal(&v, "ext_proc: req/s");
+    assert!(ext.target.ends_with("smg cache_aware"), "{}", ext.target);
+
+    let ours = Contender::ours("cache_aware");
+    let peer = Contender::peer("cache_aware");
+    let v = pd_verdict(&[
+        pd(peer, 500.0, 0, None),
+        pd(smg, 700.0, 0, None),
+        pd(ours, 600.0, 0, None),
+    ]);
+    assert_eq!(v.pass, Some(false));
+    assert!(v.target.contains("smg cache_aware"), "{}", v.target);
+    // A peer with errors is no reference.
+    let v = pd_verdict(&[
+        pd(peer, 500.0, 0, None),
+        pd(smg, 700.0, 3, None),
+        pd(ours, 600.0, 0, None),
+    ]);
+    assert_eq!(v.pass, Some(true));
+}
