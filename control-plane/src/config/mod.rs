@@ -553,5 +553,8 @@ mod validate;
 pub mod peer_flags;
 #[cfg(test)]
 mod peer_flags_tests;
+pub mod smg_flags;
+#[cfg(test)]
+mod smg_flags_tests;
 #[cfg(test)]
 mod tests;

@@ -1,13 +1,16 @@
 //! sglang-router 0.3.2's flags that this router does not take as its own,
-//! and its answer to each. A launch line copied from an sglang-router
-//! deployment either starts this router or stops at the first flag it
+//! and its answer to each (smg 1.13.0's own flags are answered the same way
+//! in [`super::smg_flags`]). A launch line copied from an sglang-router or
+//! smg deployment either starts this router or stops at the first flag it
 //! cannot honour, with a message naming the flag and the table in docs/flags.md
-//! "sglang-router flags" table, which lists the same answers.
+//! ("sglang-router flags", "smg flags") that lists the same answers.
 //!
 //! Flags given with sglang-router's default value change nothing and are
 //! accepted whatever the answer (launch lines often spell defaults out).
 
 use std::ffi::OsString;
+
+use super::smg_flags::SMG_FLAGS;
 
 /// How many values a flag takes (as sglang-router's argparse defines it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +65,7 @@ pub struct PeerFlag {
     pub answer: Verdict,
 }
 
-const fn flag(
+pub(super) const fn flag(
     name: &'static str,
     values: Values,
     default: &'static str,
@@ -79,8 +82,8 @@ const fn flag(
 use Values::{Many, One, Switch};
 use Verdict::{Elsewhere, NotApplicable};
 
-const TOKENIZER: &str = "the router inside Envoy forwards HTTP: it does not tokenize, apply chat templates or parse model output (SGLang workers do)";
-const HISTORY: &str = "the router keeps no conversation history: it forwards the OpenAI/SGLang endpoints to workers and stores nothing";
+pub(super) const TOKENIZER: &str = "the router inside Envoy forwards HTTP: it does not tokenize, apply chat templates or parse model output (SGLang workers do)";
+pub(super) const HISTORY: &str = "the router keeps no conversation history: it forwards the OpenAI/SGLang endpoints to workers and stores nothing";
 const TLS: &str = "clients reach Envoy's listener, which serves TLS with these files: envoy/render.sh's LISTEN_TLS_CERT/LISTEN_TLS_KEY, which scripts/quickstart.sh takes from these flags (docker compose from .env); an Envoy configured elsewhere needs its own DownstreamTlsContext";
 
 /// sglang-router flags this control plane parses under the same name but
@@ -152,12 +155,16 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--tls-key-path", One, "", Elsewhere(TLS)),
 ];
 
-/// The table entry of `name`.
-pub fn find(name: &str) -> Option<&'static PeerFlag> {
-    PEER_FLAGS.iter().find(|f| f.name == name)
+/// The router whose flag `name` is (`sglang-router` or `smg`), and its
+/// table entry. sglang-router's come first: smg kept most of them.
+pub fn find(name: &str) -> Option<(&'static str, &'static PeerFlag)> {
+    let of = |router, table: &'static [PeerFlag]| {
+        table.iter().find(|f| f.name == name).map(|f| (router, f))
+    };
+    of("sglang-router", PEER_FLAGS).or_else(|| of("smg", SMG_FLAGS))
 }
 
-/// Takes sglang-router's flags out of `argv`: those accepted (answered
+/// Takes sglang-router's and smg's flags out of `argv`: those accepted (answered
 /// `Elsewhere`, or given their default value) are removed, with a note to
 /// log for each; the first refused one is an error naming it.
 pub fn screen(argv: Vec<OsString>) -> Result<(Vec<OsString>, Vec<String>), String> {
@@ -170,7 +177,7 @@ pub fn screen(argv: Vec<OsString>) -> Result<(Vec<OsString>, Vec<String>), Strin
             Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
             _ => (text.clone(), None),
         };
-        let Some(peer) = find(&name) else {
+        let Some((router, peer)) = find(&name) else {
             kept.push(arg);
             continue;
         };
@@ -196,14 +203,14 @@ pub fn screen(argv: Vec<OsString>) -> Result<(Vec<OsString>, Vec<String>), Strin
             Values::Many => values.is_empty(),
         };
         match peer.answer {
-            Verdict::Elsewhere(how) => notes.push(format!("{name} (sglang-router's): {how}")),
+            Verdict::Elsewhere(how) => notes.push(format!("{name} ({router}'s): {how}")),
             _ if default => notes.push(format!(
-                "{name} has sglang-router's default value and changes nothing here"
+                "{name} has {router}'s default value and changes nothing here"
             )),
             answer => {
                 return Err(format!(
-                    "{name} is an sglang-router flag this router does not take ({}): {}. \
-                     See docs/flags.md, section \"sglang-router flags\", row {name}.",
+                    "{name} is an {router} flag this router does not take ({}): {}. \
+                     See docs/flags.md, section \"{router} flags\", row {name}.",
                     answer.label(),
                     answer.reason()
                 ))
