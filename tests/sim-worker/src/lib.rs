@@ -12,6 +12,7 @@ mod disagg;
 mod engine;
 mod error;
 mod health;
+mod loads;
 mod native;
 mod openai;
 mod record;
@@ -47,13 +48,14 @@ pub fn router(state: AppState) -> Router {
     }
     if info.current() {
         routes = routes
+            .route("/v1/loads", get(loads::v1_loads))
             .route("/server_info", get(native::server_info))
             .route("/model_info", get(native::model_info));
     }
     routes
         .route("/health", get(health::health))
         .route("/health_generate", get(health::health))
-        .route("/get_load", get(native::load))
+        .route("/get_load", get(loads::get_load))
         .route("/generate", post(native::generate))
         .route("/v1/rerank", post(native::rerank))
         .route("/v1/models", get(openai::models))

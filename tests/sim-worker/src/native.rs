@@ -12,7 +12,6 @@ use futures::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
 use crate::disagg::{DisaggregationMode, Handoff};
-use crate::engine::RankLoad;
 use crate::error::ApiError;
 use crate::record::RecordId;
 use crate::request::{self, field, parse_object, per_item};
@@ -60,11 +59,6 @@ pub async fn model_info(State(state): State<AppState>) -> Json<Value> {
         "tokenizer_path": c.model_path,
         "is_generation": true,
     }))
-}
-
-/// `GET /get_load`: one entry per DP rank.
-pub async fn load(State(state): State<AppState>) -> Json<Vec<RankLoad>> {
-    Json(state.engine.loads())
 }
 
 /// One sequence of a `/generate` request.

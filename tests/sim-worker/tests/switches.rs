@@ -209,3 +209,64 @@ async fn api_key_guards_all_but_health_as_sglang_does() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// `/v1/loads` and `/get_load` report the same sequences per rank, in
+/// their own shapes, counting requests from anyone (here sent straight to
+/// the worker); `dp_rank` filters and an unknown section is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_load_routes_count_running_and_waiting_per_rank() {
+    let sim = start(SimConfig {
+        decode_us_per_token: 20_000,
+        dp_size: 2,
+        ..fast()
+    })
+    .await;
+    let body = r#"{"stream":true,"max_tokens":200,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = sim.post_raw("/v1/chat/completions", body).await;
+    assert_eq!(r.status(), 200);
+    let mut s = r.bytes_stream();
+    assert!(s.next().await.is_some());
+
+    let (status, v) = sim.get("/v1/loads").await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["timestamp"].as_str().unwrap().contains('T'), "{v}");
+    assert!(v["version"].is_string(), "{v}");
+    let loads = v["loads"].as_array().unwrap();
+    assert_eq!(loads.len(), 2, "{v}");
+    let running: Vec<u64> = loads
+        .iter()
+        .map(|l| l["num_running_reqs"].as_u64().unwrap())
+        .collect();
+    assert_eq!(running.iter().sum::<u64>(), 1, "{v}");
+    assert!(loads
+        .iter()
+        .all(|l| l["num_waiting_reqs"] == 0 && l["queues"]["waiting"] == 0));
+    let busy = running.iter().position(|&n| n == 1).unwrap();
+    assert!(loads[busy]["num_used_tokens"].as_u64().unwrap() > 0, "{v}");
+
+    let (_, old) = sim.get("/get_load").await;
+    assert_eq!(old[busy]["num_reqs"], 1, "{old}");
+    assert_eq!(old[1 - busy]["num_reqs"], 0, "{old}");
+
+    let (_, one) = sim
+        .get(&format!("/v1/loads?dp_rank={busy}&include=core"))
+        .await;
+    let one = one["loads"].as_array().unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0]["dp_rank"], busy);
+    assert!(one[0].get("queues").is_none());
+    let (status, _) = sim.get("/v1/loads?include=everything").await;
+    assert_eq!(status, 400);
+
+    drop(s);
+    assert!(sim.idle().await, "{}", sim.stats().await);
+    let (_, v) = sim.get("/v1/loads").await;
+    assert!(
+        v["loads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["num_running_reqs"] == 0),
+        "{v}"
+    );
+}
