@@ -348,7 +348,17 @@ async fn get_loads(State(s): State<AdminState>) -> Response {
         .registry()
         .all()
         .iter()
-        .map(|w| json!({ "worker": w.url, "load": w.load() }))
+        // `load` is this router's own count (it returns to zero when every
+        // request it sent has ended); `engine_load` the worker's last
+        // report (null without one); `routing_load` what policies compare.
+        .map(|w| {
+            json!({
+                "worker": w.url,
+                "load": w.load(),
+                "engine_load": w.engine.reported(),
+                "routing_load": w.routing_load(),
+            })
+        })
         .collect();
     Json(json!({ "workers": workers })).into_response()
 }

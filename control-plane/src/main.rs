@@ -26,7 +26,9 @@ use sglang_envoy_control_plane::config::Args;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::metrics::Metrics;
-use sglang_envoy_control_plane::workers::{worker_client, AddressPolicy, HealthChecker, Registry};
+use sglang_envoy_control_plane::workers::{
+    worker_client, AddressPolicy, HealthChecker, LoadMonitor, Registry,
+};
 use sglang_envoy_control_plane::{
     admin, ext_proc, grpc_health, grpc_tls, k8s, policy_flags, service, startup, trace, upkeep, xds,
 };
@@ -74,6 +76,14 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("Kubernetes service discovery")?;
     upkeep::spawn(&args, &plane.engine);
+    if let Some(every) = args.load_monitor_interval() {
+        let monitor = LoadMonitor::new(
+            plane.engine.registry().clone(),
+            plane.worker_client.clone(),
+            every,
+        );
+        tokio::spawn(monitor.run());
+    }
     plane.serve(&args).await
 }
 
@@ -128,6 +138,8 @@ struct ControlPlane {
     engine: Arc<Engine>,
     health: Arc<HealthChecker>,
     enrollment: Arc<Enrollment>,
+    /// The one HTTP client for workers (health probes, load reports).
+    worker_client: reqwest::Client,
 }
 
 impl ControlPlane {
@@ -183,7 +195,7 @@ impl ControlPlane {
         let health = Arc::new(HealthChecker::new(
             registry.clone(),
             args.health_options(),
-            worker_client,
+            worker_client.clone(),
         ));
         let engine =
             Arc::new(Engine::new(registry, policies, metrics, options).with_health(health.clone()));
@@ -197,6 +209,7 @@ impl ControlPlane {
             engine,
             health,
             enrollment,
+            worker_client,
         })
     }
 
@@ -207,6 +220,7 @@ impl ControlPlane {
             engine,
             health,
             enrollment,
+            ..
         } = self;
         let grpc_addr = SocketAddr::new(args.host, args.grpc_port);
         // Questions and ext_proc messages carry whole request bodies:

@@ -41,6 +41,8 @@ pub struct Metrics {
     failovers: Counter,
     retries: Counter,
     worker_load: Family<WorkerLabel, Gauge>,
+    worker_engine_load: Family<WorkerLabel, Gauge>,
+    worker_routing_load: Family<WorkerLabel, Gauge>,
     worker_circuit: Family<WorkerLabel, Gauge>,
     admitted: Gauge,
     queued: Gauge,
@@ -76,6 +78,8 @@ impl Metrics {
             failovers: Counter::default(),
             retries: Counter::default(),
             worker_load: Family::default(),
+            worker_engine_load: Family::default(),
+            worker_routing_load: Family::default(),
             worker_circuit: Family::default(),
             admitted: Gauge::default(),
             queued: Gauge::default(),
@@ -150,6 +154,16 @@ impl Metrics {
             m.worker_load.clone(),
         );
         registry.register(
+            "sgl_router_worker_engine_load",
+            "Running plus waiting requests per worker in its own last load report; absent for a worker without a live report, which is routed on this router's counts alone",
+            m.worker_engine_load.clone(),
+        );
+        registry.register(
+            "sgl_router_worker_routing_load",
+            "The load policies compare: the worker's report plus the requests sent since, or this router's own count without a report",
+            m.worker_routing_load.clone(),
+        );
+        registry.register(
             "sgl_router_worker_healthy",
             "1 when the worker passes its health checks (whether its circuit lets requests through: sgl_router_worker_circuit_state)",
             m.worker_healthy.clone(),
@@ -218,6 +232,8 @@ impl Metrics {
         self.queued.set(queued as i64);
         // Rebuilt per scrape so removed workers disappear.
         self.worker_load.clear();
+        self.worker_engine_load.clear();
+        self.worker_routing_load.clear();
         self.worker_circuit.clear();
         self.worker_healthy.clear();
         self.worker_processed.clear();
@@ -226,6 +242,12 @@ impl Metrics {
                 worker: w.url.clone(),
             };
             self.worker_load.get_or_create(&label).set(w.load() as i64);
+            if let Some(n) = w.engine.reported() {
+                self.worker_engine_load.get_or_create(&label).set(n as i64);
+            }
+            self.worker_routing_load
+                .get_or_create(&label)
+                .set(w.routing_load() as i64);
             let circuit = match w.circuit().state() {
                 CircuitState::Closed => 0,
                 CircuitState::Open => 1,

@@ -127,11 +127,22 @@ pub struct Args {
     pub dns_refresh_secs: u64,
 
     /// Accepted for sglang-router launch lines. In sglang-router 0.3.2 it is
-    /// the period of power_of_two's `GET /get_load` poll; this router's
-    /// power_of_two compares its own live in-flight counts, so there is
-    /// nothing to poll.
+    /// the period of power_of_two's `GET /get_load` poll; here
+    /// `--load-monitor-interval` sets how often every worker's load report
+    /// is read.
     #[arg(long, default_value_t = 30)]
     pub worker_startup_check_interval: u64,
+    /// Seconds between two reads of each worker's own load report
+    /// (`/v1/loads`, else `/get_load`, per DP rank), which every policy adds
+    /// to what this router sent since (smg's flag; smg polls every 10 s, and
+    /// only for load-aware policies: here every policy, sub-second, so that
+    /// traffic from elsewhere is seen within a second).
+    #[arg(long, default_value_t = 0.5)]
+    pub load_monitor_interval: f64,
+    /// Never read the workers' load reports: route on this router's own
+    /// counts only (smg's flag).
+    #[arg(long)]
+    pub disable_load_monitoring: bool,
 
     /// Prefix match rate (0..1) above which cache_aware sends a request to the
     /// worker holding the longest match.

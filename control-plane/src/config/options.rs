@@ -77,4 +77,11 @@ impl Args {
             disabled: self.disable_health_check,
         }
     }
+
+    /// How often the workers' load reports are read; `None` when off.
+    pub fn load_monitor_interval(&self) -> Option<Duration> {
+        (!self.disable_load_monitoring)
+            .then(|| Duration::try_from_secs_f64(self.load_monitor_interval).ok())
+            .flatten()
+    }
 }

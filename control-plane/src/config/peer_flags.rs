@@ -92,7 +92,7 @@ const TLS: &str = "clients reach Envoy's listener, which serves TLS with these f
 pub const OWN_BUT_DIFFERENT: &[(&str, &str)] = &[
     (
         "--worker-startup-check-interval",
-        "accepted and changes nothing: sglang-router 0.3.2 polls each worker's /get_load at this period for power_of_two, which here compares its own live in-flight counts",
+        "accepted and changes nothing: sglang-router 0.3.2 polls each worker's /get_load at this period for power_of_two; here every policy reads each worker's load report every --load-monitor-interval",
     ),
     (
         "--request-timeout-secs",

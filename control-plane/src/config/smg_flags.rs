@@ -87,8 +87,6 @@ pub const SMG_FLAGS: &[PeerFlag] = &[
     flag("--worker-startup-delay", One, "0", Elsewhere("a worker is probed as soon as it is added and routed to once healthy")),
     flag("--job-queue-capacity", One, "1000", Elsewhere(NO_JOB_QUEUE)),
     flag("--job-queue-concurrency", One, "200", Elsewhere(NO_JOB_QUEUE)),
-    flag("--load-monitor-interval", One, "10", NotYet(ENGINE_LOAD)),
-    flag("--disable-load-monitoring", Switch, "", Elsewhere("no worker's load is polled: there is nothing to switch off")),
     flag("--multimodal-tensor-transport", One, "", NotApplicable(MULTIMODAL)),
     flag("--multimodal-shm-min-bytes", One, "", NotApplicable(MULTIMODAL)),
     flag("--multimodal-max-inflight-bytes", One, "", NotApplicable(MULTIMODAL)),

@@ -31,6 +31,12 @@ impl Args {
                 "--prometheus-duration-buckets must be positive seconds in ascending order, got {b:?}"
             ));
         }
+        let every = self.load_monitor_interval;
+        if !every.is_finite() || !(0.05..=3600.0).contains(&every) {
+            return Err(format!(
+                "--load-monitor-interval must be between 0.05 and 3600 seconds, got {every}"
+            ));
+        }
         if self.balance_rel_threshold < 1.0 {
             return Err("--balance-rel-threshold must be at least 1.0".into());
         }

@@ -42,7 +42,7 @@ impl CacheAware {
     fn imbalanced(&self, workers: &[Arc<Worker>]) -> bool {
         let (mut min, mut max) = (usize::MAX, 0);
         for w in workers {
-            let l = w.load();
+            let l = w.routing_load();
             min = min.min(l);
             max = max.max(l);
         }

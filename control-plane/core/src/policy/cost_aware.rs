@@ -86,7 +86,7 @@ impl CostAware {
         let queued = (w.pending_work() as f64 * self.config.queue_weight) as u64;
         uncached
             .saturating_add(queued)
-            .saturating_add(w.load() as u64 * self.config.per_request_cost)
+            .saturating_add(w.routing_load() as u64 * self.config.per_request_cost)
     }
 }
 
@@ -111,7 +111,7 @@ impl Policy for CostAware {
         let keys: Vec<(u64, usize)> = workers
             .iter()
             .zip(&matched)
-            .map(|(w, &m)| (self.cost(w, len.saturating_sub(m as u64)), w.load()))
+            .map(|(w, &m)| (self.cost(w, len.saturating_sub(m as u64)), w.routing_load()))
             .collect();
         let best = keys.iter().copied().min().unwrap_or_default();
         let tied: Vec<usize> = (0..keys.len()).filter(|&i| keys[i] == best).collect();

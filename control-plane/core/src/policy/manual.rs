@@ -97,7 +97,7 @@ impl Manual {
         let n = workers.len();
         let pick = match self.config.assignment {
             AssignmentMode::Random => return rand::random_range(0..n),
-            AssignmentMode::MinLoad => lowest_at_random(n, |i| Some(workers[i].load())),
+            AssignmentMode::MinLoad => lowest_at_random(n, |i| Some(workers[i].routing_load())),
             AssignmentMode::MinGroup => lowest_at_random(n, |i| Some(workers[i].routing_keys())),
         };
         pick.unwrap_or(0)

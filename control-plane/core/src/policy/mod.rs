@@ -128,7 +128,9 @@ pub(crate) fn matched_lens(matched: &PrefixMatch, workers: &[Arc<Worker>]) -> Ve
 /// are broken at random so equal workers share traffic (sglang-router always
 /// picks the first, which sends idle-time traffic to one worker).
 pub(crate) fn least_loaded(workers: &[Arc<Worker>], keep: impl Fn(usize) -> bool) -> Option<usize> {
-    lowest_at_random(workers.len(), |i| keep(i).then(|| workers[i].load()))
+    lowest_at_random(workers.len(), |i| {
+        keep(i).then(|| workers[i].routing_load())
+    })
 }
 
 /// The index in `0..n` with the smallest key (`None` keys are skipped),
@@ -224,5 +226,58 @@ mod tests {
         assert!(seen[1] > 40 && seen[2] > 40, "ties not spread: {seen:?}");
         assert_eq!(least_loaded(&ws, |i| i == 0), Some(0));
         assert_eq!(least_loaded(&ws, |_| false), None);
+    }
+}
+
+/// Every load-reading policy routes on the engine's report merged with the
+/// router's own sends: a worker whose engine holds 100 requests from
+/// elsewhere is passed over while its own count is zero.
+#[cfg(test)]
+mod engine_load_tests {
+    use super::test_support::workers;
+    use super::*;
+
+    fn policies() -> Vec<Box<dyn Policy>> {
+        vec![
+            Box::new(PowerOfTwo),
+            // sglang-router's defaults: 100 against 0 is imbalanced.
+            Box::new(CacheAware::new(CacheAwareConfig {
+                cache_threshold: 0.3,
+                balance_abs_threshold: 64,
+                balance_rel_threshold: 1.5,
+                max_tree_size: 1 << 20,
+            })),
+            Box::new(CostAware::new(CostAwareConfig::default())),
+            Box::new(Manual::new(ManualConfig {
+                max_idle: std::time::Duration::ZERO,
+                assignment: AssignmentMode::MinLoad,
+            })),
+        ]
+    }
+
+    #[test]
+    fn a_worker_busy_with_traffic_from_elsewhere_is_passed_over() {
+        for p in policies() {
+            let ws = workers(2);
+            ws[0].engine.record(100);
+            ws[1].engine.record(0);
+            for i in 0..20 {
+                let text = format!("distinct prompt number {i} for {}", p.name());
+                let s = p.select(&ws, &RouteInput::of_text(text.as_bytes()));
+                assert_eq!(
+                    s.index,
+                    1,
+                    "{} sent request {i} to the busy worker",
+                    p.name()
+                );
+                ws[1].increment_load();
+            }
+            // Its report lost: back to the router's own counts, which now
+            // favour the other worker.
+            ws[0].engine.forget();
+            ws[1].engine.record(20);
+            let s = p.select(&ws, &RouteInput::of_text(b"one more distinct prompt"));
+            assert_eq!(s.index, 0, "{}", p.name());
+        }
     }
 }

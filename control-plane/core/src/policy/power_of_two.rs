@@ -5,9 +5,10 @@ use crate::workers::Worker;
 
 /// Two distinct random workers; the one with fewer requests in flight.
 ///
-/// Loads are the control plane's own in-flight counts, updated at decision
-/// time, not a periodically polled `/get_load`, so a burst cannot pile onto a
-/// worker that looked idle at the last poll.
+/// Loads are [`Worker::routing_load`]: the engine's last report plus what
+/// this router sent since, updated at decision time, so a burst cannot pile
+/// onto a worker that looked idle at the last poll (sglang-router 0.3.2
+/// compares the last `/get_load` alone), and traffic from elsewhere counts.
 pub struct PowerOfTwo;
 
 impl Policy for PowerOfTwo {
@@ -22,7 +23,7 @@ impl Policy for PowerOfTwo {
         } else {
             let a = rand::random_range(0..n);
             let b = (a + rand::random_range(1..n)) % n;
-            if workers[b].load() < workers[a].load() {
+            if workers[b].routing_load() < workers[a].routing_load() {
                 b
             } else {
                 a

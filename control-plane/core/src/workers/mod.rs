@@ -3,6 +3,7 @@
 
 mod address;
 mod circuit;
+mod engine_load;
 mod id;
 pub mod persist;
 pub mod probe_schedule;
@@ -11,6 +12,7 @@ mod worker;
 
 pub use address::{identity, AddressError, AddressPolicy, WorkerAddress};
 pub use circuit::{Circuit, CircuitConfig, CircuitState};
+pub use engine_load::EngineLoad;
 pub use id::{BadWorkerId, WorkerId};
 pub use registry::{Registry, RegistryError};
 pub use worker::{Health, Role, ServerFacts, Worker, WorkerSpec};

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use crate::routing_key::RoutingKey;
 use crate::tree::TenantId;
-use crate::workers::{Circuit, CircuitState, WorkerAddress, WorkerId};
+use crate::workers::{Circuit, CircuitState, EngineLoad, WorkerAddress, WorkerId};
 
 /// What a worker does in the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -175,6 +175,8 @@ pub struct Worker {
     /// This unit's tenant in the approximate radix tree.
     pub tenant: TenantId,
     load: AtomicUsize,
+    /// The engine's own report of this unit's load (`--load-monitor-interval`).
+    pub engine: EngineLoad,
     /// Estimated prefill work (uncached prompt bytes) of the requests in
     /// flight, for policies that weigh queues by work rather than count.
     work: AtomicU64,
@@ -214,6 +216,7 @@ impl Worker {
             facts: ServerFacts::default(),
             tenant,
             load: AtomicUsize::new(0),
+            engine: EngineLoad::default(),
             work: AtomicU64::new(0),
             health,
             processed: AtomicUsize::new(0),
@@ -236,9 +239,19 @@ impl Worker {
         self.load.load(Ordering::Relaxed)
     }
 
+    /// The load policies route on: the engine's last report plus what this
+    /// router sent since (see [`EngineLoad`]), and never less than this
+    /// router's own requests in flight, which the engine holds or is about
+    /// to; the router's own count alone without a live report.
+    pub fn routing_load(&self) -> usize {
+        let own = self.load();
+        self.engine.merged().map_or(own, |merged| merged.max(own))
+    }
+
     /// Counts one more request in flight.
     pub fn increment_load(&self) {
         self.load.fetch_add(1, Ordering::Relaxed);
+        self.engine.on_sent();
     }
 
     /// Counts one request as finished (never below zero).
