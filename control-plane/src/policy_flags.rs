@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sglang_envoy_core::policy::{
-    Bucket, BucketConfig, CacheAware, CacheAwareConfig, CostAware, CostAwareConfig, Manual,
-    ManualConfig, Policy, PolicyKind, PowerOfTwo, Random, RoundRobin, MIN_MATCH,
+    Bucket, BucketConfig, CacheAware, CacheAwareConfig, ConsistentHashing, CostAware,
+    CostAwareConfig, LeastLoad, Manual, ManualConfig, Policy, PolicyKind, PowerOfTwo, PrefixHash,
+    PrefixHashConfig, Random, RoundRobin, MIN_MATCH,
 };
 
 use crate::config::Args;
@@ -37,5 +38,14 @@ pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
             max_idle: Duration::from_secs(args.max_idle_secs),
             assignment: args.assignment_mode,
         })),
+        // smg's least_load flags weigh engine reports this router does not
+        // collect (see LEAST_LOAD_ENGINE_FLAGS): nothing to tune.
+        PolicyKind::LeastLoad => Arc::new(LeastLoad),
+        PolicyKind::PrefixHash => Arc::new(PrefixHash::new(PrefixHashConfig {
+            prefix_token_count: args.prefix_token_count,
+            load_factor: args.prefix_hash_load_factor,
+            balance_abs_threshold: args.prefix_hash_balance_abs_threshold,
+        })),
+        PolicyKind::ConsistentHashing => Arc::new(ConsistentHashing),
     }
 }

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use crate::routing_key::RoutingKey;
-use crate::workers::Worker;
+use crate::workers::{Sent, Worker};
 
 /// How long a tombstone waits for its decision.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(60);
@@ -32,6 +32,8 @@ pub struct Counted {
     pub worker: Arc<Worker>,
     /// The policy's estimate of its prefill work.
     pub work: u64,
+    /// When it was sent, relative to the unit's load reports.
+    sent: Sent,
     /// The client's routing key, counted among the unit's keys in flight.
     pub routing_key: Option<RoutingKey>,
     /// The units Envoy may try, one per attempt (`retry::plan`); empty when
@@ -84,13 +86,14 @@ impl PrefillHandle {
 impl Counted {
     /// Counts a request on `worker`.
     pub fn start(worker: Arc<Worker>, work: u64, routing_key: Option<RoutingKey>) -> Counted {
-        worker.start(work);
+        let sent = worker.start(work);
         if let Some(key) = routing_key {
             worker.hold_key(key);
         }
         Counted {
             worker,
             work,
+            sent,
             routing_key,
             plan: Vec::new(),
             prefill: None,
@@ -116,7 +119,7 @@ impl Drop for Counted {
         if let Some(prefill) = &self.prefill {
             prefill.stop();
         }
-        self.worker.finish(self.work);
+        self.worker.finish(self.work, self.sent);
         if let Some(key) = self.routing_key {
             self.worker.release_key(key);
         }

@@ -167,6 +167,44 @@ pub struct Args {
     #[arg(long, default_value_t = policy::QUEUE_WEIGHT)]
     pub cost_queue_weight: f64,
 
+    /// prefix_hash: tokens of the request's head that are hashed, counted
+    /// as 4 bytes of routing text each (smg: tokens, or 4 characters each
+    /// of an untokenized request).
+    #[arg(long, default_value_t = 256)]
+    pub prefix_token_count: usize,
+
+    /// prefix_hash: a worker is overloaded, and its prefixes go to their
+    /// next worker, when its load exceeds the mean times this (at least
+    /// 1.0)...
+    #[arg(long, default_value_t = 1.25)]
+    pub prefix_hash_load_factor: f64,
+
+    /// prefix_hash: ...and exceeds the mean by more than this many requests.
+    #[arg(long, default_value_t = 10)]
+    pub prefix_hash_balance_abs_threshold: usize,
+
+    /// least_load (smg): weight, in seconds, of engine-reported KV pressure.
+    /// Accepted and checked; this router has no engine reports, so
+    /// least_load compares requests in flight.
+    #[arg(long, default_value_t = 0.15)]
+    pub least_load_kv_pressure_weight: f64,
+
+    /// least_load (smg): generation throughput (tokens/s) assumed for an
+    /// engine that reports none. Accepted and checked; changes nothing here.
+    #[arg(long, default_value_t = 2000.0)]
+    pub least_load_default_throughput: f64,
+
+    /// least_load (smg): mean prefill tokens of a request whose count is
+    /// unknown, for its in-flight estimate. Accepted and checked; changes
+    /// nothing here.
+    #[arg(long, default_value_t = 1024)]
+    pub least_load_mean_prefill_tokens: u32,
+
+    /// least_load (smg): skip workers whose engine-reported waiting queue
+    /// reached this (0: no cap). Accepted; changes nothing here.
+    #[arg(long, default_value_t = 0)]
+    pub least_load_max_waiting_requests: u32,
+
     /// manual: a routing key not seen for this long is forgotten (checked
     /// every --eviction-interval-secs; 0 keeps keys forever).
     #[arg(long, default_value_t = 14400)]
@@ -507,10 +545,19 @@ impl Args {
             args.admin_token = None;
         }
         args.peer_notes = notes;
-        for (flag, how) in peer_flags::OWN_BUT_DIFFERENT {
+        let given = |flag: &str| {
             let id = flag.trim_start_matches("--").replace('-', "_");
-            if matches.value_source(&id) == Some(clap::parser::ValueSource::CommandLine) {
+            matches.value_source(&id) == Some(clap::parser::ValueSource::CommandLine)
+        };
+        for (flag, how) in peer_flags::OWN_BUT_DIFFERENT {
+            if given(flag) {
                 args.peer_notes.push(format!("{flag}: {how}"));
+            }
+        }
+        for flag in LEAST_LOAD_ENGINE_FLAGS {
+            if given(flag) {
+                args.peer_notes
+                    .push(format!("{flag} (smg's): {LEAST_LOAD_ENGINE_NOTE}"));
             }
         }
         args.prefill_groups = matches
@@ -542,6 +589,18 @@ impl Args {
         self.decode_policy.unwrap_or(self.policy)
     }
 }
+
+/// smg's `least_load` flags that weigh engine-reported loads: parsed and
+/// checked as smg does, so launch lines carry over, and noted at start.
+pub const LEAST_LOAD_ENGINE_FLAGS: [&str; 4] = [
+    "--least-load-kv-pressure-weight",
+    "--least-load-default-throughput",
+    "--least-load-mean-prefill-tokens",
+    "--least-load-max-waiting-requests",
+];
+
+/// The note for [`LEAST_LOAD_ENGINE_FLAGS`].
+pub const LEAST_LOAD_ENGINE_NOTE: &str = "accepted and changes nothing: it weighs load reports from the engines, which this router does not collect; least_load picks the worker with the fewest requests in flight, as smg does when no worker reports loads";
 
 /// A bootstrap port as written on the command line or in the admin API:
 /// a port number, or `none` (decode workers then use their default).

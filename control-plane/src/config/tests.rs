@@ -237,3 +237,108 @@ fn bucket_is_a_prefill_policy_of_pd_mode_only() {
     ])
     .is_err());
 }
+
+#[test]
+fn smg_policies_parse_with_smgs_flags_and_defaults() {
+    for (name, kind) in [
+        ("least_load", PolicyKind::LeastLoad),
+        ("prefix_hash", PolicyKind::PrefixHash),
+        ("consistent_hashing", PolicyKind::ConsistentHashing),
+    ] {
+        let a = Args::try_parse_args(["cp", "--policy", name]).unwrap();
+        assert_eq!(a.policy, kind);
+        assert!(a.validate().is_ok(), "{name}: {:?}", a.validate());
+        let pd = Args::try_parse_args([
+            "cp",
+            "--pd-disaggregation",
+            "--prefill-policy",
+            name,
+            "--decode-policy",
+            name,
+        ])
+        .unwrap();
+        assert_eq!((pd.prefill_policy(), pd.decode_policy()), (kind, kind));
+        assert!(pd.validate().is_ok(), "PD {name}: {:?}", pd.validate());
+    }
+    // `smg launch --help` of smg 1.13.0.
+    let d = Args::parse_from(["cp"]);
+    assert_eq!(d.prefix_token_count, 256);
+    assert_eq!(d.prefix_hash_load_factor, 1.25);
+    assert_eq!(d.prefix_hash_balance_abs_threshold, 10);
+    assert_eq!(d.least_load_kv_pressure_weight, 0.15);
+    assert_eq!(d.least_load_default_throughput, 2000.0);
+    assert_eq!(d.least_load_mean_prefill_tokens, 1024);
+    assert_eq!(d.least_load_max_waiting_requests, 0);
+    assert!(Args::try_parse_args(["cp", "--policy", "least-loaded"]).is_err());
+}
+
+#[test]
+fn smg_policy_flags_are_read_and_checked_as_smg_checks_them() {
+    let a = Args::try_parse_args([
+        "cp",
+        "--policy",
+        "prefix_hash",
+        "--prefix-token-count",
+        "64",
+        "--prefix-hash-load-factor",
+        "2",
+        "--prefix-hash-balance-abs-threshold",
+        "3",
+        "--least-load-kv-pressure-weight",
+        "0",
+        "--least-load-default-throughput",
+        "500",
+        "--least-load-mean-prefill-tokens",
+        "8",
+        "--least-load-max-waiting-requests",
+        "4",
+    ])
+    .unwrap();
+    assert!(a.validate().is_ok(), "{:?}", a.validate());
+    assert_eq!(a.prefix_token_count, 64);
+    assert_eq!(a.prefix_hash_load_factor, 2.0);
+    assert_eq!(a.prefix_hash_balance_abs_threshold, 3);
+    assert_eq!(a.least_load_kv_pressure_weight, 0.0);
+    assert_eq!(a.least_load_default_throughput, 500.0);
+    assert_eq!(a.least_load_mean_prefill_tokens, 8);
+    assert_eq!(a.least_load_max_waiting_requests, 4);
+    // The four least_load flags weigh engine reports: each is noted.
+    assert_eq!(
+        a.peer_notes
+            .iter()
+            .filter(|n| n.contains(LEAST_LOAD_ENGINE_NOTE))
+            .count(),
+        4,
+        "{:?}",
+        a.peer_notes
+    );
+    assert!(Args::try_parse_args(["cp", "--policy", "least_load"])
+        .unwrap()
+        .peer_notes
+        .is_empty());
+
+    // The values smg 1.13.0 refuses (its "Must be ..." errors).
+    for (flag, value) in [
+        ("--prefix-token-count", "0"),
+        ("--prefix-hash-load-factor", "0.5"),
+        ("--prefix-hash-load-factor", "NaN"),
+        ("--prefix-hash-load-factor", "inf"),
+        ("--least-load-kv-pressure-weight", "-1"),
+        ("--least-load-kv-pressure-weight", "inf"),
+        ("--least-load-default-throughput", "0"),
+        ("--least-load-mean-prefill-tokens", "0"),
+    ] {
+        let a = Args::try_parse_args(["cp", &format!("{flag}={value}")]).unwrap();
+        let e = a.validate().unwrap_err();
+        assert!(e.contains(flag), "{flag} {value}: {e}");
+    }
+    for (flag, value) in [
+        ("--prefix-hash-balance-abs-threshold", "-1"),
+        ("--least-load-max-waiting-requests", "-1"),
+    ] {
+        assert!(
+            Args::try_parse_args(["cp", &format!("{flag}={value}")]).is_err(),
+            "{flag} {value}"
+        );
+    }
+}

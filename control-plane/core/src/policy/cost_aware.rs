@@ -156,6 +156,7 @@ impl Policy for CostAware {
 mod tests {
     use super::*;
     use crate::policy::test_support::workers;
+    use crate::workers::Sent;
 
     /// The policy with the weights the control plane ships with.
     fn policy() -> CostAware {
@@ -163,9 +164,14 @@ mod tests {
     }
 
     fn pick(p: &CostAware, ws: &[Arc<Worker>], text: &str) -> Selection {
+        pick_sent(p, ws, text).0
+    }
+
+    /// [`pick`], with what ends the request.
+    fn pick_sent(p: &CostAware, ws: &[Arc<Worker>], text: &str) -> (Selection, Sent) {
         let s = p.select(ws, &RouteInput::of_text(text.as_bytes()));
-        ws[s.index].start(s.work);
-        s
+        let sent = ws[s.index].start(s.work);
+        (s, sent)
     }
 
     #[test]
@@ -191,12 +197,12 @@ mod tests {
         let ws = workers(3);
         let mut used = [0; 3];
         for i in 0..30 {
-            let s = pick(
+            let (s, sent) = pick_sent(
                 &p,
                 &ws,
                 &format!("{i:03} distinct prompt {}", "x".repeat(i % 7)),
             );
-            ws[s.index].finish(s.work);
+            ws[s.index].finish(s.work, sent);
             used[s.index] += 1;
         }
         assert!(used.iter().all(|&n| n >= 6), "{used:?}");
@@ -207,9 +213,9 @@ mod tests {
         let p = policy();
         let ws = workers(2);
         let system = "S".repeat(1000);
-        let first = pick(&p, &ws, &format!("{system} q00"));
+        let (first, sent) = pick_sent(&p, &ws, &format!("{system} q00"));
         let holder = first.index;
-        ws[holder].finish(first.work);
+        ws[holder].finish(first.work, sent);
         // The holder prefills only the tail, so it takes the follow-ups
         // even with several of them in flight.
         for i in 1..10 {

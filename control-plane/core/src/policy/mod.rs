@@ -3,21 +3,28 @@
 
 mod bucket;
 mod cache_aware;
+mod consistent_hashing;
 mod cost_aware;
+mod least_load;
 mod manual;
 mod power_of_two;
+mod prefix_hash;
 mod random;
+mod rendezvous;
 mod round_robin;
 
 use std::sync::Arc;
 
 pub use bucket::{Bucket, BucketConfig};
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use consistent_hashing::ConsistentHashing;
 pub use cost_aware::{CostAware, CostAwareConfig, MIN_MATCH};
 /// The cost-aware policy's shipped weights.
 pub use cost_aware::{MAX_TREE_SIZE, PER_REQUEST_COST, QUEUE_WEIGHT};
+pub use least_load::LeastLoad;
 pub use manual::{AssignmentMode, Manual, ManualConfig};
 pub use power_of_two::PowerOfTwo;
+pub use prefix_hash::{PrefixHash, PrefixHashConfig, BYTES_PER_TOKEN};
 pub use random::Random;
 pub use round_robin::RoundRobin;
 
@@ -28,7 +35,8 @@ use crate::workers::Worker;
 /// What a policy knows about one request.
 #[derive(Debug, Clone, Copy)]
 pub struct RouteInput<'a> {
-    /// Text the cache-aware policy matches on (may be empty).
+    /// Text the cache-aware policies match on and `prefix_hash` hashes the
+    /// head of (may be empty).
     pub text: &'a [u8],
     /// The client's sticky-session key (`X-SMG-Routing-Key`), if it sent one.
     pub routing_key: Option<RoutingKey>,
@@ -104,6 +112,17 @@ pub enum PolicyKind {
     /// `X-SMG-Routing-Key` header go to the same worker (another one only
     /// while it is unhealthy); requests without it as `--assignment-mode`.
     Manual,
+    /// smg's: the worker with the fewest requests in flight, of all of
+    /// them (ties at random).
+    LeastLoad,
+    /// smg's: requests whose routing text starts with the same
+    /// `--prefix-token-count` × 4 bytes go to one worker (by hash), the
+    /// next one for that prefix while it is overloaded.
+    PrefixHash,
+    /// smg's: requests with the same `X-SMG-Routing-Key` go to the worker
+    /// the key hashes to among the healthy ones (only the keys of a worker
+    /// that leaves move); requests without it to a random worker.
+    ConsistentHashing,
     /// sglang-router's prefill policy for PD (`--prefill-policy` only):
     /// each prefill worker takes a range of prompt lengths, fitted every
     /// `--bucket-adjust-interval-secs` to share the characters equally.

@@ -3,14 +3,17 @@
 //! requests this router sent since the report.
 //!
 //! The report is the truth as of when it arrived; requests this router
-//! starts afterwards are added until the next one. A request sent while a
-//! report was on its way may be in that report and is then not added again:
-//! such a request is missed until the next report rather than counted
-//! twice. Without a live report (never polled, the last poll failed, or
-//! polling is off) there is no engine load and the router's own in-flight
-//! count stands alone.
+//! starts afterwards are added while they are in flight, until the next
+//! report (which holds those still running). A request that ends before the
+//! next report stops counting at once, as it would in the router's own
+//! count: a worker that just finished a burst does not look busy for the
+//! rest of the interval. A request sent while a report was on its way may be
+//! in that report and is then not added again: it is missed until the next
+//! report rather than counted twice. Without a live report (never polled,
+//! the last poll failed, or polling is off) there is no engine load and the
+//! router's own in-flight count stands alone.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// No live report.
 const NONE: usize = usize::MAX;
@@ -20,59 +23,76 @@ const NONE: usize = usize::MAX;
 pub struct EngineLoad {
     /// Running plus waiting requests in the last live report, or [`NONE`].
     reported: AtomicUsize,
-    /// Requests this router has started on the unit, ever.
-    sent: AtomicUsize,
-    /// `sent` when the last report arrived.
-    sent_at_report: AtomicUsize,
+    /// Counts reports (and lost reports): which report a request was sent
+    /// after.
+    epoch: AtomicU64,
+    /// Requests sent since the last report and still in flight.
+    fresh: AtomicUsize,
 }
+
+/// When a request was sent, relative to the reports: given back when it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sent(u64);
 
 impl Default for EngineLoad {
     fn default() -> Self {
         EngineLoad {
             reported: AtomicUsize::new(NONE),
-            sent: AtomicUsize::new(0),
-            sent_at_report: AtomicUsize::new(0),
+            epoch: AtomicU64::new(0),
+            fresh: AtomicUsize::new(0),
         }
     }
 }
 
 impl EngineLoad {
     /// The router started a request on the unit.
-    pub fn on_sent(&self) {
-        self.sent.fetch_add(1, Ordering::Relaxed);
+    pub fn on_sent(&self) -> Sent {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        self.fresh.fetch_add(1, Ordering::AcqRel);
+        Sent(epoch)
+    }
+
+    /// A request [`EngineLoad::on_sent`] returned `sent` for ended.
+    pub fn on_ended(&self, sent: Sent) {
+        if sent.0 == self.epoch.load(Ordering::Acquire) {
+            let _ = self
+                .fresh
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
     }
 
     /// A report arrived: `requests` running or waiting at the engine.
     pub fn record(&self, requests: usize) {
-        // The base first: a reader between the two stores sees the old
-        // report with fewer sends added, never a send counted twice.
-        self.sent_at_report
-            .store(self.sent.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.new_epoch();
         self.reported
-            .store(requests.min(NONE - 1), Ordering::Relaxed);
+            .store(requests.min(NONE - 1), Ordering::Release);
     }
 
     /// The report is gone (a poll failed, or is stale): back to the
     /// router's own counts.
     pub fn forget(&self) {
-        self.reported.store(NONE, Ordering::Relaxed);
+        self.new_epoch();
+        self.reported.store(NONE, Ordering::Release);
+    }
+
+    /// Requests sent until now are the report's (or, without one, the
+    /// router's own count's) from here on.
+    fn new_epoch(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.fresh.store(0, Ordering::Release);
     }
 
     /// Running plus waiting requests in the last live report.
     pub fn reported(&self) -> Option<usize> {
-        let r = self.reported.load(Ordering::Relaxed);
+        let r = self.reported.load(Ordering::Acquire);
         (r != NONE).then_some(r)
     }
 
-    /// The report plus the requests sent since; `None` without a live
-    /// report.
+    /// The report plus the requests sent since and still in flight; `None`
+    /// without a live report.
     pub fn merged(&self) -> Option<usize> {
         let reported = self.reported()?;
-        let since = self
-            .sent
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.sent_at_report.load(Ordering::Relaxed));
-        Some(reported.saturating_add(since))
+        Some(reported.saturating_add(self.fresh.load(Ordering::Acquire)))
     }
 }
 
@@ -81,19 +101,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sends_after_a_report_are_added_until_the_next() {
+    fn sends_after_a_report_are_added_while_in_flight_until_the_next() {
         let e = EngineLoad::default();
-        e.on_sent();
+        let first = e.on_sent();
         assert_eq!(e.merged(), None, "no report yet");
         // The report already holds the first request (and 39 from elsewhere).
         e.record(40);
         assert_eq!(e.merged(), Some(40));
-        e.on_sent();
-        e.on_sent();
+        let (a, b) = (e.on_sent(), e.on_sent());
         assert_eq!(e.merged(), Some(42));
-        // The next report holds those two: not added again.
-        e.record(42);
-        assert_eq!(e.merged(), Some(42));
+        // One of them ends before the next report: it stops counting.
+        e.on_ended(a);
+        assert_eq!(e.merged(), Some(41));
+        // The first request ends: it is the report's, not added, so its end
+        // takes nothing off.
+        e.on_ended(first);
+        assert_eq!(e.merged(), Some(41));
+        // The next report holds the one still running: not added again, and
+        // its end is the report's business too.
+        e.record(41);
+        e.on_ended(b);
+        assert_eq!(e.merged(), Some(41));
         e.forget();
         assert_eq!((e.reported(), e.merged()), (None, None));
         e.record(3);

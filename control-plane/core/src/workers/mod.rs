@@ -12,7 +12,7 @@ mod worker;
 
 pub use address::{identity, AddressError, AddressPolicy, WorkerAddress};
 pub use circuit::{Circuit, CircuitConfig, CircuitState};
-pub use engine_load::EngineLoad;
+pub use engine_load::{EngineLoad, Sent};
 pub use id::{BadWorkerId, WorkerId};
 pub use registry::{Registry, RegistryError};
 pub use worker::{Health, Role, ServerFacts, Worker, WorkerSpec};

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use crate::routing_key::RoutingKey;
 use crate::tree::TenantId;
-use crate::workers::{Circuit, CircuitState, EngineLoad, WorkerAddress, WorkerId};
+use crate::workers::{Circuit, CircuitState, EngineLoad, Sent, WorkerAddress, WorkerId};
 
 /// What a worker does in the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -249,9 +249,9 @@ impl Worker {
     }
 
     /// Counts one more request in flight.
-    pub fn increment_load(&self) {
+    pub fn increment_load(&self) -> Sent {
         self.load.fetch_add(1, Ordering::Relaxed);
-        self.engine.on_sent();
+        self.engine.on_sent()
     }
 
     /// Counts one request as finished (never below zero).
@@ -262,14 +262,16 @@ impl Worker {
         self.processed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a request in flight with `work` bytes of estimated prefill.
-    pub fn start(&self, work: u64) {
-        self.increment_load();
+    /// Counts a request in flight with `work` bytes of estimated prefill;
+    /// what [`Worker::finish`] takes back.
+    pub fn start(&self, work: u64) -> Sent {
         self.work.fetch_add(work, Ordering::Relaxed);
+        self.increment_load()
     }
 
-    /// Counts a request started with `work` as finished.
-    pub fn finish(&self, work: u64) {
+    /// Counts a request started with `work` (and `sent`) as finished.
+    pub fn finish(&self, work: u64, sent: Sent) {
+        self.engine.on_ended(sent);
         self.decrement_load();
         let _ = self
             .work
