@@ -38,8 +38,8 @@ pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
             max_idle: Duration::from_secs(args.max_idle_secs),
             assignment: args.assignment_mode,
         })),
-        // smg's least_load flags weigh engine reports this router does not
-        // collect (see LEAST_LOAD_ENGINE_FLAGS): nothing to tune.
+        // smg's least_load flags weigh the engines' token and KV reports,
+        // which it does not read (see LEAST_LOAD_ENGINE_FLAGS): nothing to tune.
         PolicyKind::LeastLoad => Arc::new(LeastLoad),
         PolicyKind::PrefixHash => Arc::new(PrefixHash::new(PrefixHashConfig {
             prefix_token_count: args.prefix_token_count,

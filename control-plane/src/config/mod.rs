@@ -600,7 +600,7 @@ pub const LEAST_LOAD_ENGINE_FLAGS: [&str; 4] = [
 ];
 
 /// The note for [`LEAST_LOAD_ENGINE_FLAGS`].
-pub const LEAST_LOAD_ENGINE_NOTE: &str = "accepted and changes nothing: it weighs load reports from the engines, which this router does not collect; least_load picks the worker with the fewest requests in flight, as smg does when no worker reports loads";
+pub const LEAST_LOAD_ENGINE_NOTE: &str = "accepted and changes nothing: it weighs the engines' token and KV reports; least_load here picks the worker with the fewest requests running and waiting (the engine's report plus the requests sent since)";
 
 /// A bootstrap port as written on the command line or in the admin API:
 /// a port number, or `none` (decode workers then use their default).

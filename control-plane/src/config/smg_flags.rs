@@ -26,8 +26,6 @@ const UNHEALTHY: &str = "an unhealthy worker stays registered and is probed unti
 const NO_JOB_QUEUE: &str = "workers are added and removed at once, without a job queue";
 const VLLM_KV: &str =
     "annotations of vLLM workers' KV connectors: this router routes SGLang workers";
-const PREFIX_HASH: &str = "prefix_hash is not built";
-const LEAST_LOAD: &str = "least_load is not built";
 
 /// smg 1.13.0's own flags (those sglang-router 0.3.2 does not have) that
 /// this router does not parse itself.
@@ -37,13 +35,6 @@ pub const SMG_FLAGS: &[PeerFlag] = &[
     flag("--upstream-pool-idle-timeout-secs", One, "3", Elsewhere(TRANSPORT)),
     flag("--health-check-port", One, "", Elsewhere("probes reach the control plane's /health, /liveness and /readiness on --admin-port, and Envoy's listener")),
     flag("--encode-policy", One, "", NotYet(EPD)),
-    flag("--prefix-token-count", One, "256", NotYet(PREFIX_HASH)),
-    flag("--prefix-hash-load-factor", One, "1.25", NotYet(PREFIX_HASH)),
-    flag("--prefix-hash-balance-abs-threshold", One, "10", NotYet(PREFIX_HASH)),
-    flag("--least-load-kv-pressure-weight", One, "0.15", NotYet(LEAST_LOAD)),
-    flag("--least-load-default-throughput", One, "2000.0", NotYet(LEAST_LOAD)),
-    flag("--least-load-mean-prefill-tokens", One, "1024", NotYet(LEAST_LOAD)),
-    flag("--least-load-max-waiting-requests", One, "0", NotYet(LEAST_LOAD)),
     flag("--power-of-two-load-metric", One, "expected_wait", Elsewhere("power_of_two compares the two workers' requests in flight (smg's `requests`), counted by the router")),
     flag("--balance-token-usage-threshold", One, "1.0", NotYet(ENGINE_LOAD)),
     flag("--overload-token-usage-threshold", One, "1.0", NotYet(ENGINE_LOAD)),

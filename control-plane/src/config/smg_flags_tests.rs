@@ -10,7 +10,7 @@ use clap::CommandFactory;
 
 use super::peer_flags::{find, PEER_FLAGS};
 use super::smg_flags::SMG_FLAGS;
-use super::Args;
+use super::{Args, LEAST_LOAD_ENGINE_FLAGS, LEAST_LOAD_ENGINE_NOTE};
 
 /// `smg launch --help` of smg 1.13.0: the long name of every flag (212), in
 /// its order, then the negative form of its one `--[no-]` switch.
@@ -337,6 +337,14 @@ fn the_smg_table_gives_every_flag_the_same_answer() {
                     "{name}: docs/flags.md says why: {row}"
                 );
                 f.answer.label()
+            }
+            None if LEAST_LOAD_ENGINE_FLAGS.contains(name) => {
+                assert!(own.contains(*name), "{name} is parsed here");
+                assert!(
+                    row.contains(LEAST_LOAD_ENGINE_NOTE),
+                    "{name}: docs/flags.md says how: {row}"
+                );
+                "supported differently"
             }
             None => {
                 assert!(own.contains(*name), "{name} is parsed here");

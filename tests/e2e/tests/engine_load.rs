@@ -115,7 +115,11 @@ async fn routes_around_load_from_elsewhere(policy: &str) {
     assert!(
         seen,
         "{policy}: A's report never showed its 40 requests: {:?}, A: {}",
-        reqwest::get(stack.url("/get_loads")).await.unwrap().text().await,
+        reqwest::get(stack.url("/get_loads"))
+            .await
+            .unwrap()
+            .text()
+            .await,
         a.stats().await
     );
     let busy_a = spread(&stack, "busy-a", 20).await;

@@ -30,8 +30,10 @@ fn chat(content: &str) -> String {
 
 /// POSTs a chat completion, with `key` as `X-SMG-Routing-Key` if given.
 async fn send(stack: &Stack, content: &str, key: Option<&str>) {
+    // A request that reaches a stalled worker must fail the test, not hang it.
     let mut r = reqwest::Client::new()
         .post(stack.url("/v1/chat/completions"))
+        .timeout(Duration::from_secs(20))
         .header("content-type", "application/json")
         .body(chat(content));
     if let Some(key) = key {

@@ -9,13 +9,13 @@ use crate::workers::Worker;
 /// smg 1.13.0 scores each worker's expected wait from the loads its
 /// workers report (`(queued + dispatched tokens) / throughput` plus a
 /// KV-pressure term, tuned by the `--least-load-*` flags), and when no
-/// worker reports any, picks the fewest requests in flight. This router
-/// collects no engine reports, so it is that rule: the load is
-/// [`Worker::load`], the requests in flight that the control plane counts
-/// at each decision and releases at each end (so a burst cannot pile onto
-/// a worker that looked idle), the same count every other policy reads.
-/// The `--least-load-*` flags are accepted and checked as smg checks them,
-/// and change nothing here.
+/// worker reports any, picks the fewest requests in flight. Here the load
+/// is [`Worker::routing_load`], the same one every other policy reads: the
+/// requests running and waiting in the engine's last report plus those sent
+/// since (or the router's own in-flight count without a report), counted at
+/// each decision so a burst cannot pile onto a worker that looked idle.
+/// Requests, not tokens: the `--least-load-*` flags are accepted and checked
+/// as smg checks them, and change nothing here.
 ///
 /// Ties go to a worker at random, not to the first as in smg, so an idle
 /// fleet shares sequential traffic instead of sending it all to one worker.

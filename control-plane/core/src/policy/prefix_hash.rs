@@ -81,7 +81,7 @@ impl PrefixHash {
         }
         let key = stable_hash(self.head(text));
         let home = rendezvous::owner(workers, key);
-        let loads: Vec<usize> = workers.iter().map(|w| w.load()).collect();
+        let loads: Vec<usize> = workers.iter().map(|w| w.routing_load()).collect();
         // The mean counts the request being placed (as smg does), so an
         // idle fleet never calls a worker overloaded.
         let mean = (loads.iter().sum::<usize>() + 1) as f64 / workers.len().max(1) as f64;
