@@ -278,6 +278,7 @@ fn rejected(status: u32, kind: &str, message: &str) -> AdmissionOutcome {
             http_status: status,
             message: message.to_string(),
             error_type: kind.to_string(),
+            ..Default::default()
         }),
     }
 }

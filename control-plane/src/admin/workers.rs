@@ -29,8 +29,8 @@ use super::{error, remove as remove_by_url, spec_of, AdminState};
 use crate::enrollment::{Enrolled, Job};
 use crate::workers::{CircuitState, Role, Worker, WorkerAddress, WorkerId};
 
-/// sglang-router's placeholder for what it has not discovered; this router
-/// does not read model ids from workers.
+/// sglang-router's placeholder for what it has not discovered (a model
+/// the worker did not tell).
 const UNKNOWN: &str = "unknown";
 /// sglang-router's default priority and cost; this router treats all
 /// workers alike.
@@ -44,7 +44,8 @@ struct WorkerInfo {
     id: WorkerId,
     /// The unit's URL (`@rank` for a DP rank), or the server's.
     url: String,
-    model_id: &'static str,
+    /// The model the server serves (`served_model_name`), or `unknown`.
+    model_id: String,
     priority: u32,
     cost: f32,
     worker_type: &'static str,
@@ -102,7 +103,7 @@ impl WorkerInfo {
         WorkerInfo {
             id: w.id,
             url: w.url.clone(),
-            model_id: UNKNOWN,
+            model_id: w.model().unwrap_or(UNKNOWN).to_string(),
             priority: PRIORITY,
             cost: COST,
             worker_type: w.role().as_str(),
@@ -149,7 +150,7 @@ impl WorkerInfo {
         WorkerInfo {
             id: job.id,
             url: job.url.clone(),
-            model_id: UNKNOWN,
+            model_id: UNKNOWN.to_string(),
             priority: 0,
             cost: COST,
             worker_type: job.spec.role().as_str(),

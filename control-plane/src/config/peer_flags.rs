@@ -119,7 +119,7 @@ pub const OWN_BUT_DIFFERENT: &[(&str, &str)] = &[
 /// sglang-router 0.3.2's flags this router does not parse itself.
 pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--port", One, "30000", Elsewhere("clients reach Envoy's listener, whose port is set where Envoy is configured (PORT for scripts/quickstart.sh, the listener in envoy/envoy.yaml); the control plane listens on --admin-port and --grpc-port")),
-    flag("--enable-igw", Switch, "", NotApplicable("one router serves one model's workers; route several models with an Envoy route (and a router) per model")),
+    flag("--enable-igw", Switch, "", Elsewhere("routing by the request's model is always on: when the workers serve several models, each request goes to those serving its model, and a model none serves is a 404 model_not_found (docs/routing.md)")),
     flag("--mini-lb", Switch, "", NotApplicable("sglang-router's Python debugging balancer")),
     flag("--log-dir", One, "", Elsewhere("logs go to standard output, for the container runtime or systemd to keep")),
     flag("--request-id-headers", Many, "", Elsewhere("Envoy keeps a client's x-request-id (and makes one when it is missing), and every client header reaches the worker unchanged")),

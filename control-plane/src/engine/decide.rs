@@ -149,8 +149,12 @@ impl Engine {
             }
         }
 
-        // Model and server info: any healthy worker, no load counted.
+        // Model and server info: any healthy worker, no load counted; the
+        // list of several models, the registry's.
         if req.method == "GET" && is_info_path(&req.path) {
+            if let Some(list) = self.model_list(&req.path) {
+                return Err(Unrouted::Rejected(list));
+            }
             if serving.is_empty() {
                 return Err(self.no_workers(serving_role));
             }
@@ -170,6 +174,8 @@ impl Engine {
                 "this route is not served by the router",
             ));
         };
+        // Before the policies: they choose among the model's workers only.
+        let serving = self.for_model(req, serving_role, serving)?;
         if self.options.mode == Mode::Pd {
             return self.route_pd(req, route, &serving, started);
         }
@@ -214,7 +220,8 @@ impl Engine {
         let invalid =
             |e: sglang_envoy_body::BodyError| rejected(400, "invalid_request_error", e.to_string());
         let body = RequestBody::parse(&req.body).map_err(invalid)?;
-        let prefills = self.registry.available(Role::Prefill);
+        let prefills =
+            self.for_model(req, Role::Prefill, self.registry.available(Role::Prefill))?;
         if prefills.is_empty() {
             return Err(self.no_workers(Role::Prefill));
         }
@@ -291,7 +298,7 @@ impl Engine {
         // Else no ticket to report the end with: released here, dropped.
     }
 
-    fn no_workers(&self, role: Role) -> Unrouted {
+    pub(super) fn no_workers(&self, role: Role) -> Unrouted {
         self.metrics.error("no_healthy_workers");
         let what = match role {
             Role::Regular => "workers",

@@ -24,6 +24,7 @@ use crate::workers::{
 };
 
 mod decide;
+mod models;
 mod policies;
 
 pub use policies::Policies;
@@ -416,5 +417,7 @@ impl Engine {
     }
 }
 
+#[cfg(test)]
+mod model_tests;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     HeadersResponse, ImmediateResponse, ProcessingResponse,
 };
 use envoy_types::pb::google::protobuf::{value, Duration as ProtoDuration, Struct, Value};
-use sglang_envoy_lifecycle::names::{ENDPOINT_HEADER, ERROR_HEADER};
+use sglang_envoy_lifecycle::names::{ENDPOINT_HEADER, ERROR_CODE_HEADER, ERROR_HEADER};
 use sglang_envoy_lifecycle::{LocalReply, Release, Watch};
 
 use super::MAX_PREFILL_WAIT;
@@ -104,6 +104,19 @@ pub(super) fn subset_hint(metadata: Option<&Metadata>) -> Option<Vec<String>> {
     })
 }
 
+/// The headers of the router's own reply: its JSON, the marker Envoy's
+/// `local_reply_config` keeps such replies by, and smg's error code.
+fn reply_headers(reply: &LocalReply) -> Vec<HeaderValueOption> {
+    let mut headers = vec![
+        set_header("content-type", "application/json"),
+        set_header(ERROR_HEADER, &reply.kind),
+    ];
+    if !reply.code.is_empty() {
+        headers.push(set_header(ERROR_CODE_HEADER, &reply.code));
+    }
+    headers
+}
+
 /// The reply ending the request with the router's own error.
 pub(super) fn immediate(reply: &LocalReply) -> ProcessingResponse {
     ProcessingResponse {
@@ -113,10 +126,7 @@ pub(super) fn immediate(reply: &LocalReply) -> ProcessingResponse {
                     code: i32::from(reply.status),
                 }),
                 headers: Some(HeaderMutation {
-                    set_headers: vec![
-                        set_header("content-type", "application/json"),
-                        set_header(ERROR_HEADER, &reply.kind),
-                    ],
+                    set_headers: reply_headers(reply),
                     ..Default::default()
                 }),
                 body: reply.json().into_bytes(),

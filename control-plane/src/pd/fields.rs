@@ -89,6 +89,7 @@ mod tests {
         w.facts = ServerFacts {
             dp_size: rank.map(|_| 4),
             wire,
+            model: None,
         };
         w
     }

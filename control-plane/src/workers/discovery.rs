@@ -19,6 +19,10 @@ pub enum DiscoveryError {
 /// How long one question to a worker about itself may take.
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long the question may take when only the model is wanted: a worker
+/// that does not answer is registered all the same, without one.
+const MODEL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Where SGLang serves its server info, in the order asked: `/server_info`
 /// since 0.5.6 (0.5.4 and older answer 404), `/get_server_info` in every
 /// release so far, deprecated since 0.5.6 with a warning logged on each
@@ -33,6 +37,8 @@ pub struct ServerInfo {
     pub dp_size: u32,
     /// SGLang's `__version__`, when it reports one.
     pub version: Option<String>,
+    /// The model it serves, when it reports one.
+    pub model: Option<String>,
 }
 
 /// The server info of the SGLang server at `base_url`, asked through
@@ -41,11 +47,20 @@ pub async fn server_info(
     client: &reqwest::Client,
     base_url: &str,
 ) -> Result<ServerInfo, DiscoveryError> {
+    server_info_within(client, base_url, TIMEOUT).await
+}
+
+/// [`server_info`], each question taking at most `timeout`.
+async fn server_info_within(
+    client: &reqwest::Client,
+    base_url: &str,
+    timeout: std::time::Duration,
+) -> Result<ServerInfo, DiscoveryError> {
     let mut last = DiscoveryError::Missing;
     for path in PATHS {
         let answer = client
             .get(format!("{base_url}{path}"))
-            .timeout(TIMEOUT)
+            .timeout(timeout)
             .send()
             .await
             .and_then(|r| r.error_for_status());
@@ -63,13 +78,29 @@ pub async fn server_info(
     Err(last)
 }
 
+/// The model the server at `base_url` serves, from its server info; `None`
+/// (logged) when it does not answer within a short wait. Asked when a
+/// server is added, and again once it is healthy if it did not tell then.
+pub async fn served_model(client: &reqwest::Client, base_url: &str) -> Option<String> {
+    match server_info_within(client, base_url, MODEL_TIMEOUT).await {
+        Ok(info) => info.model,
+        Err(e) => {
+            warn!(worker = %base_url, error = %crate::workers::error_chain(&e), "cannot read the worker's model yet");
+            None
+        }
+    }
+}
+
 /// What the control plane must know of the server at `base_url` to route
 /// to it: with `dp_aware`, its DP size and version from [`server_info`]
 /// (an error if it cannot be read); its wire profile, `forced` or from that
-/// version (see [`crate::pd::wire_profile`]). Without `dp_aware` nothing is
-/// asked: without ranks the profiles differ in null fields only, which
-/// every release ignores, and a worker still starting must not fail its
-/// registration.
+/// version (see [`crate::pd::wire_profile`]); the model it serves, as smg
+/// reads it (`served_model_name`, else `model_id`/`model`, else
+/// `model_path`). Without `dp_aware` the server info is asked for the
+/// model only, and a worker that does not tell is registered without one
+/// (a worker still starting must not fail its registration; without ranks
+/// the wire profiles differ in null fields only, which every release
+/// ignores).
 pub async fn server_facts(
     client: &reqwest::Client,
     base_url: &str,
@@ -81,20 +112,26 @@ pub async fn server_facts(
     } else {
         None
     };
+    let model = match &info {
+        Some(i) => i.model.clone(),
+        None => served_model(client, base_url).await,
+    };
     let version = info.as_ref().and_then(|i| i.version.as_deref());
     let facts = ServerFacts {
         dp_size: info.as_ref().map(|i| i.dp_size),
         wire: crate::pd::wire_profile(forced, version),
+        model: model.map(Into::into),
     };
     if info.is_some() && version.is_none() && forced.is_none() {
         warn!(worker = %base_url, wire = %facts.wire, "the worker reports no version; assuming the upstream wire profile");
     }
-    info!(worker = %base_url, version = version.unwrap_or("unknown"), dp_size = ?facts.dp_size, wire = %facts.wire, "worker's wire profile");
+    info!(worker = %base_url, version = version.unwrap_or("unknown"), dp_size = ?facts.dp_size, wire = %facts.wire, model = facts.model.as_deref().unwrap_or("unknown"), "worker's facts");
     Ok(facts)
 }
 
-/// `dp_size` and `version` at the top level (SGLang flattens its server
-/// args there) or under `server_args`.
+/// `dp_size`, `version` and the model at the top level (SGLang flattens
+/// its server args there) or under `server_args`. `None` without a
+/// `dp_size`: every SGLang release reports one.
 fn read(info: &serde_json::Value) -> Option<ServerInfo> {
     let field = |key: &str| {
         [
@@ -109,10 +146,21 @@ fn read(info: &serde_json::Value) -> Option<ServerInfo> {
         .and_then(serde_json::Value::as_u64)
         .and_then(|n| u32::try_from(n).ok())
         .filter(|n| *n >= 1)?;
-    let version = field("version")
-        .and_then(serde_json::Value::as_str)
-        .map(str::to_string);
-    Some(ServerInfo { dp_size, version })
+    let text = |key: &str| {
+        field(key)
+            .and_then(serde_json::Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    };
+    let version = text("version");
+    let model = ["served_model_name", "model_id", "model", "model_path"]
+        .into_iter()
+        .find_map(text);
+    Some(ServerInfo {
+        dp_size,
+        version,
+        model,
+    })
 }
 
 #[cfg(test)]
@@ -136,5 +184,23 @@ mod tests {
             info(serde_json::json!({"dp_size": 1, "version": 5})),
             Some((1, None))
         );
+    }
+
+    #[test]
+    fn model_as_smg_reads_it() {
+        let model = |v| read(&v).and_then(|i| i.model);
+        assert_eq!(
+            model(
+                serde_json::json!({"dp_size": 1, "model_path": "/m/llama", "served_model_name": "llama"})
+            ),
+            Some("llama".into())
+        );
+        assert_eq!(
+            model(
+                serde_json::json!({"dp_size": 1, "served_model_name": "", "server_args": {"model_path": "/m/qwen"}})
+            ),
+            Some("/m/qwen".into())
+        );
+        assert_eq!(model(serde_json::json!({"dp_size": 1})), None);
     }
 }

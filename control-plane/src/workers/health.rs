@@ -207,6 +207,9 @@ impl HealthChecker {
         let healthy = unit.is_healthy();
         if changed && healthy {
             info!(worker = %unit.base_url, id = %unit.id, "worker is healthy");
+            if unit.model().is_none() && !self.options.disabled {
+                self.learn_model(&unit.base_url);
+            }
         } else if changed {
             let reason = result.err().unwrap_or_default();
             warn!(worker = %unit.base_url, id = %unit.id, %reason, "worker is unhealthy");
@@ -215,6 +218,29 @@ impl HealthChecker {
         tracked
             .schedule
             .probed(Instant::now(), ok, healthy, &self.options.plan);
+    }
+
+    /// Reads, in the background, the model of the server at `base_url`,
+    /// which did not tell it when it was added (it was not up yet), and
+    /// records it on each of its units: model-aware routing needs it.
+    fn learn_model(&self, base_url: &str) {
+        let (registry, client, base_url) = (
+            self.registry.clone(),
+            self.client.clone(),
+            base_url.to_string(),
+        );
+        tokio::spawn(async move {
+            let Some(model) = super::served_model(&client, &base_url).await else {
+                return;
+            };
+            let model: Arc<str> = model.into();
+            info!(worker = %base_url, %model, "worker's model read once it was healthy");
+            for unit in registry.by_base_url(&base_url) {
+                unit.learn_model(model.clone());
+            }
+            // `/workers` and the model list follow the registry's version.
+            registry.health_changed();
+        });
     }
 
     /// Follows the registry: new servers are probed at once, then each on

@@ -21,7 +21,7 @@ pub mod wire;
 pub use error::BodyError;
 pub use layout::Layout;
 pub use logprobs::{merge_first_sse_event, merge_input_logprobs, prefill_input_logprobs, SseMerge};
-pub use openai_error::openai_error_json;
+pub use openai_error::{openai_error_json, openai_error_json_coded};
 pub use parse::{RequestBody, MAX_DEPTH, MAX_FIELDS};
 pub use route::{is_info_path, over_budget, too_large, Endpoint, Head, Refusal, Route, INFO_PATHS};
 pub use status::is_worker_failure;

@@ -78,6 +78,12 @@ impl<'a> RequestBody<'a> {
             .map(|f| f.value)
     }
 
+    /// The `model` field when it is a JSON string (escapes decoded);
+    /// `None` when it is absent or not a string.
+    pub fn model(&self) -> Option<String> {
+        serde_json::from_str::<String>(self.get("model")?.get()).ok()
+    }
+
     /// True when the client asked for a streamed response (`"stream": true`).
     pub fn is_stream(&self) -> bool {
         self.get("stream").is_some_and(|v| v.get() == "true")

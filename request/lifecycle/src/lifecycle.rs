@@ -369,6 +369,7 @@ impl Lifecycle {
             };
             question.routing_text = parsed.routing_text(route).into_bytes();
             question.stream = parsed.is_stream();
+            question.model = parsed.model().unwrap_or_default();
             // Kept so the decision's fields go in without a second parse.
             self.layout = Some(parsed.layout());
             drop(parsed);

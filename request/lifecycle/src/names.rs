@@ -16,6 +16,10 @@ pub const PREFILL_CLUSTER: &str = "sglang_prefill_workers";
 /// own (text) replies into the same OpenAI JSON shape.
 pub const ERROR_HEADER: &str = "x-sglang-envoy-error";
 
+/// smg's header naming an error's code (`model_not_found`), sent with the
+/// router's replies that have one, for clients written against smg.
+pub const ERROR_CODE_HEADER: &str = "x-smg-error-code";
+
 /// The largest request body the wasm filter accepts by default.
 /// sglang-router's `--max-payload-size` default is 512 MiB (0.3.2); a wasm VM per
 /// Envoy thread holding that much is not sensible, and 32 MiB is already

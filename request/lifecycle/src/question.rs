@@ -23,6 +23,10 @@ pub struct Question {
     /// The client's W3C `traceparent`, empty when absent: the decision's
     /// span joins that trace.
     pub traceparent: String,
+    /// The body's `model` field (empty when it has none, or not as a
+    /// string): the engine routes to the workers serving it (see
+    /// `sglang_envoy_core::workers::models`).
+    pub model: String,
     /// The text the cache-aware policies match on.
     pub routing_text: Vec<u8>,
     /// The client asked for a streamed answer.

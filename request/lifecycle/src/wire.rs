@@ -18,6 +18,7 @@ impl From<RouteRequest> for Question {
             routing_key: r.routing_key,
             authorization: r.authorization,
             traceparent: r.traceparent,
+            model: r.model,
             routing_text: r.routing_text,
             stream: r.stream,
             body_bytes: r.body_bytes,
@@ -41,6 +42,7 @@ impl From<Question> for RouteRequest {
             routing_key: q.routing_key,
             authorization: q.authorization,
             traceparent: q.traceparent,
+            model: q.model,
             routing_text: q.routing_text,
             stream: q.stream,
             body_bytes: q.body_bytes,
@@ -76,11 +78,11 @@ pub fn answer_of(response: RouteResponse) -> Answer {
                 merge_input_logprobs: d.merge_input_logprobs,
             }),
         }),
-        Some(Outcome::Rejection(r)) => Err(Unrouted::Rejected(LocalReply::new(
-            status_of(r.http_status),
-            &r.error_type,
-            r.message,
-        ))),
+        Some(Outcome::Rejection(r)) => Err(Unrouted::Rejected(
+            LocalReply::new(status_of(r.http_status), &r.error_type, r.message)
+                .with_code(&r.error_code)
+                .with_body(r.body),
+        )),
         Some(Outcome::Queued(q)) => Err(Unrouted::Queued { wait_ms: q.wait_ms }),
         Some(Outcome::NeedBody(_)) => Err(Unrouted::NeedBody),
         None => Err(Unrouted::Rejected(LocalReply::unreadable())),
@@ -111,6 +113,8 @@ pub fn response_of(answer: Answer) -> RouteResponse {
             http_status: u32::from(reply.status),
             error_type: reply.kind,
             message: reply.message,
+            error_code: reply.code,
+            body: reply.body,
         }),
         Err(Unrouted::Queued { wait_ms }) => Outcome::Queued(Queued { wait_ms }),
         Err(Unrouted::NeedBody) => Outcome::NeedBody(NeedBody {}),
@@ -150,6 +154,8 @@ mod tests {
                 "rate_limited",
                 "slow",
             ))),
+            Err(Unrouted::Rejected(LocalReply::model_not_found("x"))),
+            Err(Unrouted::Rejected(LocalReply::answer("list", "{}".into()))),
             Err(Unrouted::Queued { wait_ms: 7 }),
             Err(Unrouted::NeedBody),
         ];
@@ -176,6 +182,7 @@ mod tests {
             headers: vec![("traceparent".into(), "00-1".into())],
             body: b"{}".to_vec(),
             ticket: 4,
+            model: "alpha".into(),
             ..Default::default()
         };
         assert_eq!(Question::from(RouteRequest::from(q.clone())), q);

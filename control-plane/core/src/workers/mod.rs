@@ -5,6 +5,7 @@ mod address;
 mod circuit;
 mod engine_load;
 mod id;
+pub mod models;
 pub mod persist;
 pub mod probe_schedule;
 mod registry;

@@ -112,7 +112,7 @@ impl Registry {
                 let tenant = self.next_tenant.fetch_add(1, Ordering::Relaxed);
                 let mut unit =
                     Worker::new(address.clone(), spec, rank, health.clone(), tenant).with_id(id);
-                unit.facts = facts;
+                unit.facts = facts.clone();
                 Arc::new(unit)
             })
             .collect();
@@ -175,7 +175,7 @@ impl Registry {
                 tenant,
             )
             .with_id(slot.id);
-            unit.facts = slot.facts;
+            unit.facts = slot.facts.clone();
             old.push(std::mem::replace(slot, Arc::new(unit)));
         }
         self.publish(&workers);

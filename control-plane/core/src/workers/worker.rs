@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use sglang_envoy_body::WireProfile;
 use sglang_envoy_lifecycle::Mode;
@@ -112,14 +112,18 @@ impl WorkerSpec {
 }
 
 /// What the control plane knows of a server from the server itself (its
-/// `/server_info`, read when it was added with `--dp-aware`) or from the
-/// `--wire-profile` flag.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// `/server_info`, read when it was added) or from the `--wire-profile`
+/// flag.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServerFacts {
     /// Its number of DP ranks (`--dp-aware` only): one unit per rank.
     pub dp_size: Option<u32>,
     /// The spelling of the DP and PD fields it reads.
     pub wire: WireProfile,
+    /// The model it serves (its `served_model_name`), `None` when it could
+    /// not be read: such a worker takes only requests that name no model
+    /// in a fleet of several models (see the engine's `models` module).
+    pub model: Option<Arc<str>>,
 }
 
 impl From<Option<u32>> for ServerFacts {
@@ -127,7 +131,7 @@ impl From<Option<u32>> for ServerFacts {
     fn from(dp_size: Option<u32>) -> Self {
         ServerFacts {
             dp_size,
-            wire: WireProfile::default(),
+            ..ServerFacts::default()
         }
     }
 }
@@ -174,6 +178,9 @@ pub struct Worker {
     pub facts: ServerFacts,
     /// This unit's tenant in the approximate radix tree.
     pub tenant: TenantId,
+    /// The model read after registration, when `facts` has none (the
+    /// server was not answering yet when it was added).
+    learned_model: OnceLock<Arc<str>>,
     load: AtomicUsize,
     /// The engine's own report of this unit's load (`--load-monitor-interval`).
     pub engine: EngineLoad,
@@ -215,6 +222,7 @@ impl Worker {
             dp_rank,
             facts: ServerFacts::default(),
             tenant,
+            learned_model: OnceLock::new(),
             load: AtomicUsize::new(0),
             engine: EngineLoad::default(),
             work: AtomicU64::new(0),
@@ -232,6 +240,23 @@ impl Worker {
     /// Regular or prefill or decode.
     pub fn role(&self) -> Role {
         self.spec.role()
+    }
+
+    /// The model its server serves, when it was read (at registration,
+    /// or later, see [`Worker::learn_model`]).
+    pub fn model(&self) -> Option<&str> {
+        self.facts
+            .model
+            .as_deref()
+            .or_else(|| self.learned_model.get().map(|m| &**m))
+    }
+
+    /// Records the model of a server whose model was not known when it was
+    /// added; a model already known stays.
+    pub fn learn_model(&self, model: Arc<str>) {
+        if self.facts.model.is_none() {
+            let _ = self.learned_model.set(model);
+        }
     }
 
     /// Requests sent to this worker whose end has not been reported yet.

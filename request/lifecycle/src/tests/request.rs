@@ -161,6 +161,7 @@ fn admission_queues_then_admits_or_refuses() {
             http_status: 408,
             error_type: "timeout".into(),
             message: "queued too long".into(),
+            ..Default::default()
         }),
     };
     assert!(
