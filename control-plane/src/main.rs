@@ -172,7 +172,8 @@ impl ControlPlane {
             .context("the client for workers")?;
         let options = EngineOptions {
             retry: args.retry_options(),
-            admission: args.admission(),
+            admission: args.admission()?,
+            tenant_header: args.trusted_tenant_header(),
             mode,
             dp_aware: args.dp_aware,
             request_timeout: Duration::from_secs(args.request_timeout_secs),

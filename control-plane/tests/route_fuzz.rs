@@ -68,6 +68,7 @@ fn engine(pd: bool, dp: Option<u32>, cost: bool, limit: Option<usize>) -> Engine
                 limit,
                 queue_size: 2,
                 queue_timeout: std::time::Duration::from_millis(1),
+                tenants: Default::default(),
             }),
             ..Default::default()
         },

@@ -65,6 +65,18 @@ impl Fallback {
             .and_then(|(_, s)| ClientKey::from_digest(&s.client_key_sha256))
     }
 
+    /// The tenant header the control plane trusts (`--tenant-header-name`
+    /// with `--trust-tenant-header`), lower-cased; `None` when it trusts
+    /// none or has not said yet.
+    pub fn tenant_header(&self) -> Option<String> {
+        self.0
+            .snapshot
+            .borrow()
+            .as_ref()
+            .map(|(_, s)| s.tenant_header.to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
+    }
+
     /// `--max-payload-size` as the control plane last said, if it did.
     pub fn max_body_bytes(&self) -> Option<usize> {
         self.0
@@ -137,7 +149,21 @@ mod tests {
             wire_profiles: Default::default(),
             client_key_sha256: Vec::new(),
             max_body_bytes: 0,
+            tenant_header: String::new(),
         }
+    }
+
+    #[test]
+    fn the_tenant_header_is_the_one_the_control_plane_trusts() {
+        let f = Fallback::default();
+        assert_eq!(f.tenant_header(), None, "nothing known yet");
+        let mut s = snapshot(&["a:1"], false);
+        s.tenant_header = "X-Team".to_string();
+        f.update(SystemTime::UNIX_EPOCH, s);
+        // Lower-cased, as Envoy hands headers to the filter.
+        assert_eq!(f.tenant_header().as_deref(), Some("x-team"));
+        f.update(SystemTime::UNIX_EPOCH, snapshot(&["a:1"], false));
+        assert_eq!(f.tenant_header(), None, "trusted no longer");
     }
 
     #[test]

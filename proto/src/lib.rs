@@ -22,6 +22,11 @@ pub const SERVICE_NAME: &str = "sglang.envoy.router.v1.Router";
 /// doors copy it into [`RouteRequest::routing_key`].
 pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
 
+/// The request header naming a request's priority class (smg's
+/// `X-SMG-Priority`: system, interactive, default or bulk). Both front
+/// doors copy it into [`RouteRequest::priority`].
+pub const PRIORITY_HEADER: &str = "x-smg-priority";
+
 impl Decision {
     /// The fields to inject, as the `(key, JSON value)` pairs the body
     /// crate's `RequestBody::with_fields` takes (both front doors use it).

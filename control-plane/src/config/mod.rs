@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+use sglang_envoy_core::admission::class::Class;
 use sglang_envoy_core::policy;
 pub use sglang_envoy_core::policy::{AssignmentMode, PolicyKind};
 
@@ -319,6 +320,44 @@ pub struct Args {
     #[arg(long, default_value_t = 60)]
     pub queue_timeout_secs: u64,
 
+    /// Believe the tenant header (`--tenant-header-name`) as the tenant of
+    /// a request that did not authenticate with an API key. Only for an
+    /// Envoy behind a proxy that sets it: clients can send any header.
+    #[arg(long)]
+    pub trust_tenant_header: bool,
+
+    /// The header naming the tenant, with `--trust-tenant-header`.
+    #[arg(long, default_value = "x-smg-tenant-id")]
+    pub tenant_header_name: String,
+
+    /// Queue waiting requests by priority class (`x-smg-priority`:
+    /// system, interactive, default, bulk), the highest served first.
+    #[arg(long)]
+    pub priority_scheduler_enabled: bool,
+
+    /// Highest class of a tenant not listed in the scheduler's YAML.
+    #[arg(long, default_value = "default")]
+    pub priority_scheduler_default_max_class: Class,
+
+    /// The priority scheduler's YAML (`classes:`, `tenant_policies:`);
+    /// without it smg's built-in class queues apply.
+    #[arg(long)]
+    pub priority_scheduler_config: Option<PathBuf>,
+
+    /// smg's cap on per-tenant scheduler metric labels (accepted; this
+    /// router exports no per-tenant scheduler metrics).
+    #[arg(long, default_value_t = 32)]
+    pub priority_scheduler_tenant_metric_top_n: u32,
+
+    /// Limit each tenant's requests per minute (`--tenant-rate-limit-config`).
+    #[arg(long)]
+    pub tenant_rate_limit_enabled: bool,
+
+    /// The tenant rate limit's YAML (`default_policy:`, `tenants:`);
+    /// required with `--tenant-rate-limit-enabled`.
+    #[arg(long)]
+    pub tenant_rate_limit_config: Option<PathBuf>,
+
     /// A request whose end was never reported stops counting as load after this.
     #[arg(long, default_value_t = 1800)]
     pub request_timeout_secs: u64,
@@ -618,6 +657,7 @@ pub fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
 
 mod auth_flags;
 mod options;
+mod tenant_files;
 mod validate;
 
 pub mod peer_flags;

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::tenant_files::TenantConfigError;
 use super::Args;
 use crate::admission::AdmissionOptions;
 use crate::retry::RetryOptions;
@@ -34,13 +35,31 @@ impl Args {
         }
     }
 
-    /// Admission control, when `--max-concurrent-requests` is positive.
-    pub fn admission(&self) -> Option<AdmissionOptions> {
-        (self.max_concurrent_requests > 0).then(|| AdmissionOptions {
-            limit: usize::try_from(self.max_concurrent_requests).unwrap_or(usize::MAX),
+    /// Admission control, when `--max-concurrent-requests` is positive or
+    /// tenants' rates are limited; the tenant YAML files are read here, and
+    /// one that cannot be read or is not valid stops the start-up.
+    pub fn admission(&self) -> Result<Option<AdmissionOptions>, TenantConfigError> {
+        let tenants = self.tenant_options()?;
+        if self.max_concurrent_requests <= 0 && tenants.rates.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(AdmissionOptions {
+            limit: usize::try_from(self.max_concurrent_requests)
+                .ok()
+                .filter(|n| *n > 0)
+                .unwrap_or(usize::MAX),
             queue_size: self.queue_size,
             queue_timeout: Duration::from_secs(self.queue_timeout_secs),
-        })
+            tenants,
+        }))
+    }
+
+    /// `--tenant-header-name`, lower-cased as Envoy hands headers over,
+    /// when `--trust-tenant-header` says to believe it.
+    pub fn trusted_tenant_header(&self) -> Option<String> {
+        self.trust_tenant_header
+            .then(|| self.tenant_header_name.trim().to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
     }
 
     /// How the workers' circuit breakers behave.

@@ -17,7 +17,14 @@ const SMG_CACHE: &str = "a knob of smg's own cache-aware selection (KV-event ind
 const ENGINE_LOAD: &str = "engine-reported load (/v1/loads, /get_load) is not read yet: policies use the router's own in-flight counts";
 const PD_ADMISSION: &str = "PD admission per worker is not built: --max-concurrent-requests with --queue-size bounds all inference requests";
 const DISCOVERY: &str = "file-based discovery is not built: use --service-discovery (Kubernetes), the admin API (POST /workers) or --worker-urls";
-const TENANTS: &str = "tenants are not built yet: --api-key and --max-concurrent-requests apply to every client alike";
+const TENANTS: &str = "per-tenant API keys are not built: holders of --api-key are one tenant, other clients are told apart by the trusted tenant header (--trust-tenant-header) or their address";
+
+/// smg's flags this control plane parses under the same name but that
+/// change nothing here, with why: "supported differently" in docs/flags.md.
+pub const OWN_BUT_DIFFERENT: &[(&str, &str)] = &[(
+    "--priority-scheduler-tenant-metric-top-n",
+    "accepted and changes nothing: there are no per-tenant metrics yet",
+)];
 const ROUTING_KEY: &str = "the routing key is read from X-SMG-Routing-Key only (--policy manual)";
 const KV_EVENTS: &str =
     "KV events are not read yet: cache state is the router's radix tree of what it sent";
@@ -104,15 +111,7 @@ pub const SMG_FLAGS: &[PeerFlag] = &[
     flag("--storage-context-headers", Many, "", NotApplicable(HISTORY)),
     flag("--header-read-timeout-secs", One, "30", Elsewhere("client connections are Envoy's: set it on the listener's HTTP connection manager in envoy/envoy.yaml (request_headers_timeout)")),
     flag("--idle-connection-timeout-secs", One, "90", Elsewhere("client connections are Envoy's: set it on the listener's HTTP connection manager in envoy/envoy.yaml (common_http_protocol_options.idle_timeout)")),
-    flag("--trust-tenant-header", Switch, "", NotYet(TENANTS)),
-    flag("--tenant-header-name", One, "x-smg-tenant-id", NotYet(TENANTS)),
     flag("--max-background-responses", One, "1024", NotApplicable(HISTORY)),
-    flag("--priority-scheduler-enabled", Switch, "", NotYet(TENANTS)),
-    flag("--priority-scheduler-default-max-class", One, "default", NotYet(TENANTS)),
-    flag("--priority-scheduler-config", One, "", NotYet(TENANTS)),
-    flag("--priority-scheduler-tenant-metric-top-n", One, "32", NotYet(TENANTS)),
-    flag("--tenant-rate-limit-enabled", Switch, "", NotYet(TENANTS)),
-    flag("--tenant-rate-limit-config", One, "", NotYet(TENANTS)),
     flag("--remove-unhealthy-workers", Switch, "", Elsewhere(UNHEALTHY)),
     flag("--disable-tokenizer-autoload", Switch, "", Elsewhere("the router loads no tokenizer")),
     flag("--parser", One, "legacy", NotApplicable(TOKENIZER)),

@@ -342,3 +342,78 @@ fn smg_policy_flags_are_read_and_checked_as_smg_checks_them() {
         );
     }
 }
+
+#[test]
+fn tenant_flags_take_smg_s_names_and_defaults() {
+    let a = Args::parse_from(["cp"]);
+    assert!(!a.trust_tenant_header);
+    assert_eq!(a.tenant_header_name, "x-smg-tenant-id");
+    assert_eq!(a.trusted_tenant_header(), None, "not trusted by default");
+    assert_eq!(a.priority_scheduler_default_max_class, Class::Default);
+    assert_eq!(a.priority_scheduler_tenant_metric_top_n, 32);
+    assert!(
+        matches!(a.admission(), Ok(None)),
+        "nothing limited by default"
+    );
+    let trusted = Args::parse_from([
+        "cp",
+        "--trust-tenant-header",
+        "--tenant-header-name",
+        "X-Team",
+    ]);
+    assert_eq!(trusted.trusted_tenant_header().as_deref(), Some("x-team"));
+    assert!(
+        Args::try_parse_from(["cp", "--priority-scheduler-default-max-class", "urgent"]).is_err()
+    );
+    // smg refuses the rate limit without its file, and a file it cannot read.
+    let no_file = Args::parse_from(["cp", "--tenant-rate-limit-enabled"]);
+    assert!(no_file.admission().is_err());
+    let missing = Args::parse_from([
+        "cp",
+        "--tenant-rate-limit-enabled",
+        "--tenant-rate-limit-config",
+        "/nonexistent/rates.yaml",
+    ]);
+    assert!(missing.admission().is_err());
+}
+
+#[test]
+fn a_rate_file_alone_turns_the_gate_on_and_bad_ones_stop_the_start() {
+    let dir = std::env::temp_dir();
+    let path = |name: &str| dir.join(format!("cp-tenants-{}-{name}.yaml", std::process::id()));
+    let good = path("good");
+    std::fs::write(
+        &good,
+        "default_policy: {tokens_per_minute: 10, requests_per_minute: 5}\n\
+         tenants:\n- {tenant_key: 'header:a', tokens_per_minute: 10, requests_per_minute: 9}\n",
+    )
+    .unwrap();
+    let args = |file: &std::path::Path| {
+        Args::parse_from([
+            "cp".into(),
+            "--tenant-rate-limit-enabled".into(),
+            "--tenant-rate-limit-config".into(),
+            file.as_os_str().to_owned(),
+        ])
+    };
+    let options = args(&good).admission().unwrap().expect("a gate");
+    assert_eq!(
+        options.limit,
+        usize::MAX,
+        "no concurrency limit was asked for"
+    );
+    assert!(options.tenants.rates.is_some());
+    let bad = path("bad");
+    std::fs::write(
+        &bad,
+        "default_policy: {tokens_per_minute: 10, requests_per_minute: 5}\n\
+         tenants:\n- {tenant_key: 'team-a', tokens_per_minute: 10, requests_per_minute: 9}\n",
+    )
+    .unwrap();
+    assert!(
+        args(&bad).admission().is_err(),
+        "not a canonical tenant key"
+    );
+    let _ = std::fs::remove_file(good);
+    let _ = std::fs::remove_file(bad);
+}

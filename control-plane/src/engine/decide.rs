@@ -14,6 +14,9 @@ use sglang_envoy_lifecycle::{
 use tracing::debug;
 
 use super::Engine;
+use crate::admission::class::Class;
+use crate::admission::tenants::{tenant_key, Sender, TENANT_OVER_RATE};
+use crate::admission::Caller;
 use crate::pd::{self, PrefillJob};
 use crate::policy::RouteInput;
 use crate::retry;
@@ -93,9 +96,13 @@ impl Engine {
         else {
             return self.answer(q);
         };
-        if let Some(unrouted) = gate.check(q.ticket) {
-            if let Unrouted::Rejected(_) = unrouted {
-                self.metrics.error("queue_full");
+        if let Some(unrouted) = gate.check(q.ticket, &self.caller(q)) {
+            if let Unrouted::Rejected(r) = &unrouted {
+                self.metrics.error(if r.kind == TENANT_OVER_RATE {
+                    "tenant_rate_limited"
+                } else {
+                    "queue_full"
+                });
             }
             return Err(unrouted);
         }
@@ -104,6 +111,24 @@ impl Engine {
             gate.release(q.ticket);
         }
         answer
+    }
+
+    /// Who `q` is for, as smg resolves it: the API key it passed, else the
+    /// tenant header when trusted, else the client's address.
+    fn caller(&self, q: &Question) -> Caller {
+        let authenticated = self
+            .options
+            .client_key
+            .and_then(|_| ClientKey::presented(&q.authorization));
+        let sender = Sender {
+            authenticated: authenticated.as_ref(),
+            header: &q.tenant,
+            address: &q.client_address,
+        };
+        Caller {
+            tenant: tenant_key(sender, self.options.tenant_header.is_some()),
+            asked: Class::from_header(&q.priority),
+        }
     }
 
     fn answer(&self, q: &Question) -> Answer {

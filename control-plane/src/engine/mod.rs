@@ -83,6 +83,10 @@ pub struct EngineOptions {
     pub wire_profile: Option<WireProfile>,
     /// `--api-key`: the key inference requests must carry.
     pub client_key: Option<ClientKey>,
+    /// `--tenant-header-name`, lower-cased, with `--trust-tenant-header`
+    /// (`None` without): the header both front doors copy into
+    /// `Question.tenant` (the filter learns it from the worker snapshot).
+    pub tenant_header: Option<String>,
     /// `--enable-trace`: each decision is a span (see [`crate::trace`]).
     pub trace: bool,
     /// `--max-payload-size`: larger request bodies are refused (413),
@@ -102,6 +106,7 @@ impl Default for EngineOptions {
             worker_client: reqwest::Client::new(),
             wire_profile: None,
             client_key: None,
+            tenant_header: None,
             trace: false,
             max_body_bytes: sglang_envoy_lifecycle::names::DEFAULT_MAX_BODY_BYTES,
         }
@@ -132,7 +137,7 @@ impl Engine {
         metrics: Arc<Metrics>,
         options: EngineOptions,
     ) -> Self {
-        let gate = options.admission.map(Gate::new);
+        let gate = options.admission.clone().map(Gate::new);
         Engine {
             policies,
             tickets: Tickets::default(),
@@ -239,6 +244,7 @@ impl Engine {
                 .client_key
                 .map(|k| k.digest().to_vec())
                 .unwrap_or_default(),
+            tenant_header: self.options.tenant_header.clone().unwrap_or_default(),
         }
     }
 

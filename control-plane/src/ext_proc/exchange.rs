@@ -15,7 +15,7 @@ use sglang_envoy_lifecycle::{
     BodyStep, Forward, HeadStep, LocalReply, Mode, PrefillStep, Release, RequestHead, ResponseHead,
     ResponseStep, Source, Step, Watch,
 };
-use sglang_envoy_proto::ROUTING_KEY_HEADER;
+use sglang_envoy_proto::{PRIORITY_HEADER, ROUTING_KEY_HEADER};
 use tracing::{debug, warn};
 
 use super::duplex::{self, Duplex, Way};
@@ -79,6 +79,9 @@ impl Exchange {
             self.duplex = Duplex::of(config);
         }
         let a = Attributes::of(&message.attributes);
+        if let Some(address) = a.client_address {
+            self.client_address = address;
+        }
         if let Some(host) = a.upstream_host {
             self.facts.upstream_host = host;
         }
@@ -147,6 +150,7 @@ impl Exchange {
                 .map_or("", |(_, v)| v.as_str())
         };
         self.declared_body = header("content-length").parse().ok();
+        let tenant_header = self.engine.options().tenant_header.as_deref();
         let head = RequestHead {
             method: &method,
             path: &path,
@@ -156,6 +160,9 @@ impl Exchange {
             routing_key: header(ROUTING_KEY_HEADER),
             authorization: header("authorization"),
             traceparent: header("traceparent"),
+            tenant: tenant_header.map_or("", header),
+            priority: header(PRIORITY_HEADER),
+            client_address: &self.client_address,
         };
         let step = self.lc.on_request_head(head);
         // A body that will be read holds its declared size at once: in

@@ -24,6 +24,9 @@ use super::MAX_PREFILL_WAIT;
 /// The attribute map key Envoy files `response_attributes` under.
 pub(super) const ATTRIBUTES_KEY: &str = "envoy.filters.http.ext_proc";
 
+/// The attribute holding the client's address (`request_attributes`).
+pub(super) const SOURCE_ADDRESS: &str = "source.address";
+
 /// The attribute holding the worker Envoy finally used.
 pub(super) const UPSTREAM_ADDRESS: &str = "upstream.address";
 
@@ -262,9 +265,11 @@ pub(super) fn header_list(map: Option<&HeaderMap>) -> Vec<(String, String)> {
     .unwrap_or_default()
 }
 
-/// What Envoy sends about the answer with a message (`response_attributes`).
+/// What Envoy sends about the request and its answer with a message
+/// (`request_attributes`, `response_attributes`).
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct Attributes {
+    pub client_address: Option<String>,
     pub upstream_host: Option<String>,
     pub attempts: Option<u32>,
     pub code_details: Option<String>,
@@ -285,6 +290,7 @@ impl Attributes {
             _ => None,
         };
         Attributes {
+            client_address: text(SOURCE_ADDRESS),
             upstream_host: text(UPSTREAM_ADDRESS),
             attempts,
             code_details: text(CODE_DETAILS),

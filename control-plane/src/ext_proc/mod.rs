@@ -172,6 +172,8 @@ pub(super) struct Exchange {
     subset: Option<Vec<String>>,
     /// What the destination holds: one endpoint, or a list.
     destination: Destination,
+    /// The client's address, when Envoy sends it (`source.address`).
+    client_address: String,
 }
 
 impl Exchange {
@@ -200,6 +202,7 @@ impl Exchange {
             duplex: duplex::Duplex::default(),
             subset: None,
             destination: Destination::One,
+            client_address: String::new(),
         }
     }
 
@@ -290,8 +293,9 @@ impl Exchange {
                         .engine
                         .options()
                         .admission
+                        .as_ref()
                         .map_or(Duration::from_secs(1), |a| {
-                            a.queue_timeout + Duration::from_secs(1)
+                            a.longest_wait() + Duration::from_secs(1)
                         });
                     messages::extend_timeout(limit)
                 }

@@ -13,7 +13,7 @@ use sglang_envoy_body::over_budget;
 use sglang_envoy_lifecycle::{
     BodyStep, HeadStep, Lifecycle, LocalReply, RequestHead, ResponseHead, Settings,
 };
-use sglang_envoy_proto::ROUTING_KEY_HEADER;
+use sglang_envoy_proto::{PRIORITY_HEADER, ROUTING_KEY_HEADER};
 
 mod calls;
 mod context;
@@ -191,6 +191,12 @@ impl HttpContext for Request {
                 panic!("test_trap_header present: trapping the VM as configured");
             }
         }
+        let tenant_header = self.shared.fallback.tenant_header();
+        // Envoy's own record of the peer: a client cannot forge it.
+        let client_address = self
+            .get_property(vec!["source", "address"])
+            .and_then(|a| String::from_utf8(a).ok())
+            .unwrap_or_default();
         let step = self.lc.on_request_head(RequestHead {
             method: header(":method"),
             path: header(":path"),
@@ -200,6 +206,9 @@ impl HttpContext for Request {
             routing_key: header(ROUTING_KEY_HEADER),
             authorization: header("authorization"),
             traceparent: header("traceparent"),
+            tenant: tenant_header.as_deref().map_or("", header),
+            priority: header(PRIORITY_HEADER),
+            client_address: &client_address,
         });
         match step {
             HeadStep::Reply(r) => {

@@ -35,16 +35,22 @@ impl ClientKey {
         &self.0
     }
 
-    /// True when `authorization` (the header's value) is `Bearer <key>`.
-    pub fn admits(&self, authorization: &str) -> bool {
-        let Some(token) = authorization
+    /// The SHA-256 of the key `authorization` (the header's value)
+    /// presents as `Bearer <key>`, if it does: smg names an authenticated
+    /// request's tenant after it.
+    pub fn presented(authorization: &str) -> Option<[u8; 32]> {
+        let token = authorization
             .get(..7)
             .filter(|scheme| scheme.eq_ignore_ascii_case("bearer "))
-            .and_then(|_| authorization.get(7..))
-        else {
+            .and_then(|_| authorization.get(7..))?;
+        Some(Sha256::digest(token.trim().as_bytes()).into())
+    }
+
+    /// True when `authorization` (the header's value) is `Bearer <key>`.
+    pub fn admits(&self, authorization: &str) -> bool {
+        let Some(presented) = ClientKey::presented(authorization) else {
             return false;
         };
-        let presented: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
         let diff = presented
             .iter()
             .zip(self.0.iter())
@@ -67,6 +73,16 @@ mod tests {
     use super::ClientKey;
     use crate::{HeadStep, Lifecycle, RequestHead, Settings};
 
+    #[test]
+    fn the_presented_key_is_its_digest() {
+        let key = ClientKey::from_key("k");
+        assert_eq!(
+            ClientKey::presented("bearer k").as_ref(),
+            Some(key.digest())
+        );
+        assert_eq!(ClientKey::presented("Basic k"), None);
+    }
+
     fn head<'a>(path: &'a str, method: &'a str, authorization: &'a str) -> RequestHead<'a> {
         RequestHead {
             method,
@@ -77,6 +93,9 @@ mod tests {
             routing_key: "",
             authorization,
             traceparent: "",
+            tenant: "",
+            priority: "",
+            client_address: "",
         }
     }
 

@@ -41,6 +41,13 @@ pub struct RequestHead<'a> {
     pub authorization: &'a str,
     /// W3C `traceparent`, empty when absent.
     pub traceparent: &'a str,
+    /// The tenant header's value (the header the control plane names),
+    /// empty when absent.
+    pub tenant: &'a str,
+    /// smg's `x-smg-priority`, empty when absent.
+    pub priority: &'a str,
+    /// The client's address as Envoy saw it, empty when unknown.
+    pub client_address: &'a str,
 }
 
 /// What the lifecycle knows of the answer's head.

@@ -71,6 +71,11 @@ pub struct Lifecycle {
     authorization: String,
     /// The client's `traceparent`, for the decision's span.
     traceparent: String,
+    /// The tenant header's value, the client's `x-smg-priority` and its
+    /// address: who the request is for (admission).
+    tenant: String,
+    priority: String,
+    client_address: String,
     body_bytes: usize,
     /// Status sent to the client, 0 until known.
     status: u32,
@@ -96,6 +101,9 @@ impl Lifecycle {
             routing_key: String::new(),
             authorization: String::new(),
             traceparent: String::new(),
+            tenant: String::new(),
+            priority: String::new(),
+            client_address: String::new(),
             body_bytes: 0,
             status: 0,
             response_done: false,
@@ -160,6 +168,9 @@ impl Lifecycle {
         self.request_id = head.request_id.to_string();
         self.routing_key = head.routing_key.to_string();
         self.traceparent = head.traceparent.to_string();
+        self.tenant = head.tenant.to_string();
+        self.priority = head.priority.to_string();
+        self.client_address = head.client_address.to_string();
         let check = Head {
             method: head.method,
             path: head.path,
@@ -349,6 +360,9 @@ impl Lifecycle {
             routing_key: self.routing_key.clone(),
             authorization: self.authorization.clone(),
             traceparent: self.traceparent.clone(),
+            tenant: self.tenant.clone(),
+            priority: self.priority.clone(),
+            client_address: self.client_address.clone(),
             body_bytes: self.body_bytes as u64,
             ticket: self.ticket,
             ..Default::default()

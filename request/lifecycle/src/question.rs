@@ -27,6 +27,14 @@ pub struct Question {
     /// string): the engine routes to the workers serving it (see
     /// `sglang_envoy_core::workers::models`).
     pub model: String,
+    /// The tenant header's value (`--tenant-header-name`; empty when absent
+    /// or the front door was not told the header): trusted only with
+    /// `--trust-tenant-header`.
+    pub tenant: String,
+    /// The client's `x-smg-priority`, empty when absent.
+    pub priority: String,
+    /// The client's address as Envoy saw it, empty when unknown.
+    pub client_address: String,
     /// The text the cache-aware policies match on.
     pub routing_text: Vec<u8>,
     /// The client asked for a streamed answer.

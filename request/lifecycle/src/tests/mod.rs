@@ -55,6 +55,9 @@ fn head<'a>(method: &'a str, path: &'a str, end_of_stream: bool) -> RequestHead<
         routing_key: "k",
         authorization: "",
         traceparent: "",
+        tenant: "",
+        priority: "",
+        client_address: "",
     }
 }
 
