@@ -183,3 +183,99 @@ async fn without_load_reports_the_router_sees_only_its_own_traffic() {
     let counts = spread(&stack, "blind", 20).await;
     assert!(counts[0] >= 5, "{counts:?}");
 }
+
+/// Two control planes (each behind its own Envoy) routing into one fleet,
+/// each seeing the other's traffic only through the workers' reports: the
+/// workers' loads stay within 1.3x of each other.
+#[tokio::test]
+async fn two_routers_sharing_a_fleet_keep_it_balanced() {
+    let slow = vec![
+        "--prefill-us-per-token".into(),
+        "1".into(),
+        "--decode-us-per-token".into(),
+        "2000".into(),
+    ];
+    let first = Stack::start(StackOptions {
+        workers: 2,
+        policy: "cost_aware".into(),
+        worker_args: slow,
+        cp_args: vec!["--load-monitor-interval".into(), "0.2".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut cp_args = vec![
+        "--load-monitor-interval".to_string(),
+        "0.2".into(),
+        "--worker-urls".into(),
+    ];
+    cp_args.extend(first.workers.iter().map(|w| w.url.clone()));
+    let second = Stack::start(StackOptions {
+        workers: 0,
+        policy: "cost_aware".into(),
+        cp_args,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ready = wait_until(Duration::from_secs(10), || async {
+        second
+            .post(
+                "/generate",
+                r#"{"text":"ready?","sampling_params":{"max_new_tokens":1}}"#,
+            )
+            .await
+            .status()
+            == 200
+    })
+    .await;
+    assert!(ready, "the second router never served");
+
+    // 8 clients on each router, distinct prompts, ~40 ms each.
+    let client = |stack: &Stack, c: usize| {
+        let url = stack.url("/v1/chat/completions");
+        async move {
+            for i in 0..12 {
+                let body = json!({
+                    "model": "m", "max_tokens": 20,
+                    "messages": [{"role": "user", "content": format!("client {c} request {i} {}", "w ".repeat(c * 3 + i))}],
+                });
+                let r = reqwest::Client::new().post(&url).json(&body).send().await;
+                assert_eq!(r.map(|r| r.status().as_u16()).ok(), Some(200));
+            }
+        }
+    };
+    let running = |w: &SimWorker| {
+        let url = format!("{}/v1/loads?include=core", w.url);
+        async move {
+            let v: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+            v["loads"][0]["num_running_reqs"].as_u64()
+        }
+    };
+    let clients = futures::future::join_all(
+        (0..8)
+            .map(|c| client(&first, c))
+            .chain((8..16).map(|c| client(&second, c))),
+    );
+    let sampler = async {
+        let mut sums = [0u64; 2];
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            for (i, w) in first.workers.iter().enumerate() {
+                sums[i] += running(w).await.unwrap_or(0);
+            }
+        }
+        sums
+    };
+    let (_, sums) = tokio::join!(clients, sampler);
+    let (lo, hi) = (sums[0].min(sums[1]) as f64, sums[0].max(sums[1]) as f64);
+    assert!(hi > 0.0, "no load was ever sampled");
+    assert!(hi <= 1.3 * lo, "the workers' loads over the run: {sums:?}");
+    for s in [&first, &second] {
+        assert!(
+            s.wait_loads_zero(Duration::from_secs(5)).await,
+            "{:?}",
+            s.loads().await
+        );
+    }
+}
