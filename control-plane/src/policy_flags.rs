@@ -42,9 +42,9 @@ pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
         // which it does not read (see LEAST_LOAD_ENGINE_FLAGS): nothing to tune.
         PolicyKind::LeastLoad => Arc::new(LeastLoad),
         PolicyKind::PrefixHash => Arc::new(PrefixHash::new(PrefixHashConfig {
-            prefix_token_count: args.prefix_token_count,
-            load_factor: args.prefix_hash_load_factor,
-            balance_abs_threshold: args.prefix_hash_balance_abs_threshold,
+            prefix_token_count: args.smg_policies.prefix_token_count,
+            load_factor: args.smg_policies.prefix_hash_load_factor,
+            balance_abs_threshold: args.smg_policies.prefix_hash_balance_abs_threshold,
         })),
         PolicyKind::ConsistentHashing => Arc::new(ConsistentHashing),
     }

@@ -6,11 +6,12 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
-use sglang_envoy_core::admission::class::Class;
 use sglang_envoy_core::policy;
 pub use sglang_envoy_core::policy::{AssignmentMode, PolicyKind};
 
 pub use auth_flags::AuthFlags;
+pub use smg_policy_flags::SmgPolicyFlags;
+pub use tenant_flags::TenantFlags;
 
 /// `--destination-endpoints`: what the ext_proc front door writes in a
 /// destination (`x-gateway-destination-endpoint` and `envoy.lb` metadata).
@@ -168,43 +169,9 @@ pub struct Args {
     #[arg(long, default_value_t = policy::QUEUE_WEIGHT)]
     pub cost_queue_weight: f64,
 
-    /// prefix_hash: tokens of the request's head that are hashed, counted
-    /// as 4 bytes of routing text each (smg: tokens, or 4 characters each
-    /// of an untokenized request).
-    #[arg(long, default_value_t = 256)]
-    pub prefix_token_count: usize,
-
-    /// prefix_hash: a worker is overloaded, and its prefixes go to their
-    /// next worker, when its load exceeds the mean times this (at least
-    /// 1.0)...
-    #[arg(long, default_value_t = 1.25)]
-    pub prefix_hash_load_factor: f64,
-
-    /// prefix_hash: ...and exceeds the mean by more than this many requests.
-    #[arg(long, default_value_t = 10)]
-    pub prefix_hash_balance_abs_threshold: usize,
-
-    /// least_load (smg): weight, in seconds, of engine-reported KV pressure.
-    /// Accepted and checked; this router has no engine reports, so
-    /// least_load compares requests in flight.
-    #[arg(long, default_value_t = 0.15)]
-    pub least_load_kv_pressure_weight: f64,
-
-    /// least_load (smg): generation throughput (tokens/s) assumed for an
-    /// engine that reports none. Accepted and checked; changes nothing here.
-    #[arg(long, default_value_t = 2000.0)]
-    pub least_load_default_throughput: f64,
-
-    /// least_load (smg): mean prefill tokens of a request whose count is
-    /// unknown, for its in-flight estimate. Accepted and checked; changes
-    /// nothing here.
-    #[arg(long, default_value_t = 1024)]
-    pub least_load_mean_prefill_tokens: u32,
-
-    /// least_load (smg): skip workers whose engine-reported waiting queue
-    /// reached this (0: no cap). Accepted; changes nothing here.
-    #[arg(long, default_value_t = 0)]
-    pub least_load_max_waiting_requests: u32,
+    /// smg's prefix_hash and least_load tuning.
+    #[command(flatten)]
+    pub smg_policies: SmgPolicyFlags,
 
     /// manual: a routing key not seen for this long is forgotten (checked
     /// every --eviction-interval-secs; 0 keeps keys forever).
@@ -320,43 +287,9 @@ pub struct Args {
     #[arg(long, default_value_t = 60)]
     pub queue_timeout_secs: u64,
 
-    /// Believe the tenant header (`--tenant-header-name`) as the tenant of
-    /// a request that did not authenticate with an API key. Only for an
-    /// Envoy behind a proxy that sets it: clients can send any header.
-    #[arg(long)]
-    pub trust_tenant_header: bool,
-
-    /// The header naming the tenant, with `--trust-tenant-header`.
-    #[arg(long, default_value = "x-smg-tenant-id")]
-    pub tenant_header_name: String,
-
-    /// Queue waiting requests by priority class (`x-smg-priority`:
-    /// system, interactive, default, bulk), the highest served first.
-    #[arg(long)]
-    pub priority_scheduler_enabled: bool,
-
-    /// Highest class of a tenant not listed in the scheduler's YAML.
-    #[arg(long, default_value = "default")]
-    pub priority_scheduler_default_max_class: Class,
-
-    /// The priority scheduler's YAML (`classes:`, `tenant_policies:`);
-    /// without it smg's built-in class queues apply.
-    #[arg(long)]
-    pub priority_scheduler_config: Option<PathBuf>,
-
-    /// smg's cap on per-tenant scheduler metric labels (accepted; this
-    /// router exports no per-tenant scheduler metrics).
-    #[arg(long, default_value_t = 32)]
-    pub priority_scheduler_tenant_metric_top_n: u32,
-
-    /// Limit each tenant's requests per minute (`--tenant-rate-limit-config`).
-    #[arg(long)]
-    pub tenant_rate_limit_enabled: bool,
-
-    /// The tenant rate limit's YAML (`default_policy:`, `tenants:`);
-    /// required with `--tenant-rate-limit-enabled`.
-    #[arg(long)]
-    pub tenant_rate_limit_config: Option<PathBuf>,
+    /// Tenants and priority classes (smg's flags).
+    #[command(flatten)]
+    pub tenants: TenantFlags,
 
     /// A request whose end was never reported stops counting as load after this.
     #[arg(long, default_value_t = 1800)]
@@ -657,7 +590,9 @@ pub fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
 
 mod auth_flags;
 mod options;
+mod smg_policy_flags;
 mod tenant_files;
+mod tenant_flags;
 mod validate;
 
 pub mod peer_flags;

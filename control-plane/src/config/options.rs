@@ -57,8 +57,9 @@ impl Args {
     /// `--tenant-header-name`, lower-cased as Envoy hands headers over,
     /// when `--trust-tenant-header` says to believe it.
     pub fn trusted_tenant_header(&self) -> Option<String> {
-        self.trust_tenant_header
-            .then(|| self.tenant_header_name.trim().to_ascii_lowercase())
+        self.tenants
+            .trust_tenant_header
+            .then(|| self.tenants.tenant_header_name.trim().to_ascii_lowercase())
             .filter(|h| !h.is_empty())
     }
 

@@ -74,13 +74,14 @@ impl Args {
     /// The tenant options of the flags. smg reads the files only when
     /// their feature is enabled; so does this.
     pub fn tenant_options(&self) -> Result<TenantOptions, TenantConfigError> {
-        let priority = if self.priority_scheduler_enabled {
+        let priority = if self.tenants.priority_scheduler_enabled {
             Some(self.priorities()?)
         } else {
             None
         };
-        let rates = if self.tenant_rate_limit_enabled {
+        let rates = if self.tenants.tenant_rate_limit_enabled {
             let path = self
+                .tenants
                 .tenant_rate_limit_config
                 .as_deref()
                 .ok_or(TenantConfigError::NoRateFile)?;
@@ -91,15 +92,15 @@ impl Args {
             None
         };
         Ok(TenantOptions {
-            trust_header: self.trust_tenant_header,
+            trust_header: self.tenants.trust_tenant_header,
             priority,
             rates,
         })
     }
 
     fn priorities(&self) -> Result<Priorities, TenantConfigError> {
-        let default_max = self.priority_scheduler_default_max_class;
-        let Some(path) = self.priority_scheduler_config.as_deref() else {
+        let default_max = self.tenants.priority_scheduler_default_max_class;
+        let Some(path) = self.tenants.priority_scheduler_config.as_deref() else {
             return Ok(Priorities {
                 queues: Class::ALL.map(ClassQueue::smg_default),
                 default_max,

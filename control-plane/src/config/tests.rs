@@ -1,6 +1,7 @@
 //! Flags parse as sglang-router's do, and bad combinations are refused.
 
 use super::*;
+use sglang_envoy_core::admission::class::Class;
 
 #[test]
 fn defaults_match_sglang_router() {
@@ -262,13 +263,13 @@ fn smg_policies_parse_with_smgs_flags_and_defaults() {
     }
     // `smg launch --help` of smg 1.13.0.
     let d = Args::parse_from(["cp"]);
-    assert_eq!(d.prefix_token_count, 256);
-    assert_eq!(d.prefix_hash_load_factor, 1.25);
-    assert_eq!(d.prefix_hash_balance_abs_threshold, 10);
-    assert_eq!(d.least_load_kv_pressure_weight, 0.15);
-    assert_eq!(d.least_load_default_throughput, 2000.0);
-    assert_eq!(d.least_load_mean_prefill_tokens, 1024);
-    assert_eq!(d.least_load_max_waiting_requests, 0);
+    assert_eq!(d.smg_policies.prefix_token_count, 256);
+    assert_eq!(d.smg_policies.prefix_hash_load_factor, 1.25);
+    assert_eq!(d.smg_policies.prefix_hash_balance_abs_threshold, 10);
+    assert_eq!(d.smg_policies.least_load_kv_pressure_weight, 0.15);
+    assert_eq!(d.smg_policies.least_load_default_throughput, 2000.0);
+    assert_eq!(d.smg_policies.least_load_mean_prefill_tokens, 1024);
+    assert_eq!(d.smg_policies.least_load_max_waiting_requests, 0);
     assert!(Args::try_parse_args(["cp", "--policy", "least-loaded"]).is_err());
 }
 
@@ -295,13 +296,13 @@ fn smg_policy_flags_are_read_and_checked_as_smg_checks_them() {
     ])
     .unwrap();
     assert!(a.validate().is_ok(), "{:?}", a.validate());
-    assert_eq!(a.prefix_token_count, 64);
-    assert_eq!(a.prefix_hash_load_factor, 2.0);
-    assert_eq!(a.prefix_hash_balance_abs_threshold, 3);
-    assert_eq!(a.least_load_kv_pressure_weight, 0.0);
-    assert_eq!(a.least_load_default_throughput, 500.0);
-    assert_eq!(a.least_load_mean_prefill_tokens, 8);
-    assert_eq!(a.least_load_max_waiting_requests, 4);
+    assert_eq!(a.smg_policies.prefix_token_count, 64);
+    assert_eq!(a.smg_policies.prefix_hash_load_factor, 2.0);
+    assert_eq!(a.smg_policies.prefix_hash_balance_abs_threshold, 3);
+    assert_eq!(a.smg_policies.least_load_kv_pressure_weight, 0.0);
+    assert_eq!(a.smg_policies.least_load_default_throughput, 500.0);
+    assert_eq!(a.smg_policies.least_load_mean_prefill_tokens, 8);
+    assert_eq!(a.smg_policies.least_load_max_waiting_requests, 4);
     // The four least_load flags weigh engine reports: each is noted.
     assert_eq!(
         a.peer_notes
@@ -346,11 +347,14 @@ fn smg_policy_flags_are_read_and_checked_as_smg_checks_them() {
 #[test]
 fn tenant_flags_take_smg_s_names_and_defaults() {
     let a = Args::parse_from(["cp"]);
-    assert!(!a.trust_tenant_header);
-    assert_eq!(a.tenant_header_name, "x-smg-tenant-id");
+    assert!(!a.tenants.trust_tenant_header);
+    assert_eq!(a.tenants.tenant_header_name, "x-smg-tenant-id");
     assert_eq!(a.trusted_tenant_header(), None, "not trusted by default");
-    assert_eq!(a.priority_scheduler_default_max_class, Class::Default);
-    assert_eq!(a.priority_scheduler_tenant_metric_top_n, 32);
+    assert_eq!(
+        a.tenants.priority_scheduler_default_max_class,
+        Class::Default
+    );
+    assert_eq!(a.tenants.priority_scheduler_tenant_metric_top_n, 32);
     assert!(
         matches!(a.admission(), Ok(None)),
         "nothing limited by default"

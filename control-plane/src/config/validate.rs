@@ -119,28 +119,28 @@ impl Args {
     /// smg 1.13.0's checks of its policies' flags (the same bounds; smg
     /// words them by its config fields).
     fn validate_smg_policy_flags(&self) -> Result<(), String> {
-        if self.prefix_token_count == 0 {
+        if self.smg_policies.prefix_token_count == 0 {
             return Err("--prefix-token-count must be above 0".into());
         }
-        let factor = self.prefix_hash_load_factor;
+        let factor = self.smg_policies.prefix_hash_load_factor;
         if !factor.is_finite() || factor < 1.0 {
             return Err(format!(
                 "--prefix-hash-load-factor must be finite and at least 1.0, got {factor}"
             ));
         }
-        let weight = self.least_load_kv_pressure_weight;
+        let weight = self.smg_policies.least_load_kv_pressure_weight;
         if !weight.is_finite() || weight < 0.0 {
             return Err(format!(
                 "--least-load-kv-pressure-weight must be finite and at least 0.0, got {weight}"
             ));
         }
-        let throughput = self.least_load_default_throughput;
+        let throughput = self.smg_policies.least_load_default_throughput;
         if !throughput.is_finite() || throughput <= 0.0 {
             return Err(format!(
                 "--least-load-default-throughput must be finite and above 0.0, got {throughput}"
             ));
         }
-        if self.least_load_mean_prefill_tokens == 0 {
+        if self.smg_policies.least_load_mean_prefill_tokens == 0 {
             return Err("--least-load-mean-prefill-tokens must be above 0".into());
         }
         Ok(())
