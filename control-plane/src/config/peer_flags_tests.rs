@@ -113,7 +113,7 @@ const SGLANG_ROUTER_0_3_2: &[&str] = &[
 ];
 
 /// The long flags `Args` parses itself.
-fn own_flags() -> BTreeSet<String> {
+pub(super) fn own_flags() -> BTreeSet<String> {
     Args::command()
         .get_arguments()
         .filter_map(|a| a.get_long())
@@ -121,7 +121,8 @@ fn own_flags() -> BTreeSet<String> {
         .collect()
 }
 
-fn argv(line: &str) -> Vec<OsString> {
+/// `line` as the control plane's argv.
+pub(super) fn argv(line: &str) -> Vec<OsString> {
     std::iter::once("sglang-envoy-control-plane")
         .chain(line.split_whitespace())
         .map(OsString::from)

@@ -4,11 +4,9 @@
 //! "smg flags" table agrees with it.
 
 use std::collections::BTreeSet;
-use std::ffi::OsString;
-
-use clap::CommandFactory;
 
 use super::peer_flags::{find, PEER_FLAGS};
+use super::peer_flags_tests::{argv, own_flags};
 use super::smg_flags::{OWN_BUT_DIFFERENT, SMG_FLAGS};
 use super::{Args, LEAST_LOAD_ENGINE_FLAGS, LEAST_LOAD_ENGINE_NOTE};
 
@@ -229,22 +227,6 @@ const SMG_1_13_0: &[&str] = &[
     "--mesh-tls-key",
     "--no-remove-unhealthy-workers",
 ];
-
-/// The long flags `Args` parses itself.
-fn own_flags() -> BTreeSet<String> {
-    Args::command()
-        .get_arguments()
-        .filter_map(|a| a.get_long())
-        .map(|l| format!("--{l}"))
-        .collect()
-}
-
-fn argv(line: &str) -> Vec<OsString> {
-    std::iter::once("sglang-envoy-control-plane")
-        .chain(line.split_whitespace())
-        .map(OsString::from)
-        .collect()
-}
 
 #[test]
 fn every_smg_flag_is_parsed_or_answered_never_both() {

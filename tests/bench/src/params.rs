@@ -116,7 +116,7 @@ pub const PD: &[Contender] = &[
 
 /// Scenario 2 contenders, run in every cell of the workload matrix
 /// ([`crate::shapes`]) on fresh workers: this project's `cost_aware` and
-/// every peer policy its goals compare against ([`QUALITY_RIVALS`]): both
+/// every peer policy its goals compare against ([`quality_rivals`]): both
 /// peers' policies that route a regular fleet. The first entry is the
 /// reference of the "0.8x the peer's cache_aware" goal.
 pub const QUALITY: &[Contender] = &[
@@ -137,18 +137,14 @@ pub const QUALITY: &[Contender] = &[
 pub const QUALITY_OURS: Contender = Contender::ours("cost_aware");
 
 /// The peer policies [`QUALITY_OURS`] must beat in every shape: its goals
-/// compare it with the best of these, of either peer.
-pub const QUALITY_RIVALS: &[Contender] = &[
-    Contender::peer("cache_aware"),
-    Contender::peer("round_robin"),
-    Contender::peer("power_of_two"),
-    Contender::smg("cache_aware"),
-    Contender::smg("round_robin"),
-    Contender::smg("power_of_two"),
-    Contender::smg("least_load"),
-    Contender::smg("prefix_hash"),
-    Contender::smg("consistent_hashing"),
-];
+/// compare it with the best of these, of either peer (every peer entry of
+/// [`QUALITY`]).
+pub fn quality_rivals() -> impl Iterator<Item = Contender> {
+    QUALITY
+        .iter()
+        .copied()
+        .filter(|c| matches!(c, Contender::Peer(..)))
+}
 
 /// Candidates for tuning `cost_aware`, not in the matrix: `--only` runs
 /// those it names (`--only "ours cost_aware"` runs them beside the shipped

@@ -43,16 +43,21 @@ impl Drop for DirectLoad {
     }
 }
 
-/// The control plane's view of `worker`'s engine load (`/get_loads`).
-async fn engine_load(stack: &Stack, worker: &SimWorker) -> Option<u64> {
+/// Each worker's entry in the control plane's `/get_loads`.
+async fn get_loads(stack: &Stack) -> Option<Vec<Value>> {
     let v: Value = reqwest::get(stack.url("/get_loads"))
         .await
         .ok()?
         .json()
         .await
         .ok()?;
-    v["workers"]
-        .as_array()?
+    v["workers"].as_array().cloned()
+}
+
+/// The control plane's view of `worker`'s engine load.
+async fn engine_load(stack: &Stack, worker: &SimWorker) -> Option<u64> {
+    get_loads(stack)
+        .await?
         .iter()
         .find(|w| w["worker"] == worker.url.as_str())?["engine_load"]
         .as_u64()
@@ -249,14 +254,8 @@ async fn two_routers_sharing_a_fleet_keep_it_balanced() {
     // What the second router sees of each worker: its own requests, and
     // the engine's report, which holds the first router's too.
     let seen_by_second = || async {
-        let v: Value = reqwest::get(second.url("/get_loads"))
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        v["workers"]
-            .as_array()?
+        get_loads(&second)
+            .await?
             .iter()
             .map(|w| w["engine_load"].as_i64().unwrap_or(0) - w["load"].as_i64().unwrap_or(0))
             .max()

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use super::goals::{mark, Verdict};
-use crate::params::{Contender, Profile, QUALITY_OURS, QUALITY_RIVALS};
+use crate::params::{quality_rivals, Contender, Profile, QUALITY_OURS};
 use crate::quality::QualityRow;
 use crate::shapes::{self, Shape};
 
@@ -136,10 +136,7 @@ pub(super) fn verdict(shape: &Shape, cells: &[Cell], seeds: Seeds) -> Verdict {
     };
     let goal = format!("Quality, {}, {}", shape.name, seeds.name());
     let find = |label: &str| cells.iter().find(|c| c.contender == label);
-    let rivals: Vec<&Cell> = QUALITY_RIVALS
-        .iter()
-        .filter_map(|c| find(&c.label()))
-        .collect();
+    let rivals: Vec<&Cell> = quality_rivals().filter_map(|c| find(&c.label())).collect();
     let (Some(us), Some(ca)) = (find(&ours), find(&peer_ca)) else {
         return Verdict {
             goal,
