@@ -501,7 +501,7 @@ impl Args {
         T: Into<std::ffi::OsString> + Clone,
     {
         let argv = argv.into_iter().map(Into::into).collect();
-        let (argv, notes) = peer_flags::screen(argv)
+        let (argv, notes) = launch_screen::screen(argv)
             .map_err(|e| Args::command().error(clap::error::ErrorKind::UnknownArgument, e))?;
         let matches = Args::command().try_get_matches_from(argv)?;
         let mut args = Args::from_arg_matches(&matches)?;
@@ -595,6 +595,8 @@ mod tenant_files;
 mod tenant_flags;
 mod validate;
 
+pub mod flag_answer;
+pub mod launch_screen;
 pub mod peer_flags;
 #[cfg(test)]
 mod peer_flags_tests;

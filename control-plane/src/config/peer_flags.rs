@@ -1,89 +1,15 @@
 //! sglang-router 0.3.2's flags that this router does not take as its own,
 //! and its answer to each (smg 1.13.0's own flags are answered the same way
-//! in [`super::smg_flags`]). A launch line copied from an sglang-router or
-//! smg deployment either starts this router or stops at the first flag it
-//! cannot honour, with a message naming the flag and the table in docs/flags.md
-//! ("sglang-router flags", "smg flags") that lists the same answers.
+//! in `smg_flags.rs`; `launch_screen.rs` screens launch lines against both,
+//! and docs/flags.md's "sglang-router flags" table lists the same answers).
 //!
 //! Flags given with sglang-router's default value change nothing and are
 //! accepted whatever the answer (launch lines often spell defaults out).
 
-use std::ffi::OsString;
-
-use super::smg_flags::SMG_FLAGS;
-
-/// How many values a flag takes (as sglang-router's argparse defines it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Values {
-    /// None: a switch.
-    Switch,
-    /// Exactly one.
-    One,
-    /// Any number, up to the next flag.
-    Many,
-}
-
-/// This router's answer to one of sglang-router's flags.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Accepted: what it asks for is done another way (how).
-    Elsewhere(&'static str),
-    /// Refused: a router inside Envoy has no use for it (why).
-    NotApplicable(&'static str),
-    /// Refused: not built yet (what to do meanwhile).
-    NotYet(&'static str),
-}
-
-impl Verdict {
-    /// The answer's name in docs/flags.md's table.
-    pub fn label(self) -> &'static str {
-        match self {
-            Verdict::Elsewhere(_) => "supported differently",
-            Verdict::NotApplicable(_) => "refused: not applicable",
-            Verdict::NotYet(_) => "refused: not built yet",
-        }
-    }
-
-    /// Why, or how.
-    pub fn reason(self) -> &'static str {
-        match self {
-            Verdict::Elsewhere(r) | Verdict::NotApplicable(r) | Verdict::NotYet(r) => r,
-        }
-    }
-}
-
-/// One of sglang-router's flags and this router's answer.
-#[derive(Debug, Clone, Copy)]
-pub struct PeerFlag {
-    /// `--name`
-    pub name: &'static str,
-    /// How many values it takes.
-    pub values: Values,
-    /// sglang-router's default, as text (empty: none).
-    pub default: &'static str,
-    /// This router's answer.
-    pub answer: Verdict,
-}
-
-pub(super) const fn flag(
-    name: &'static str,
-    values: Values,
-    default: &'static str,
-    answer: Verdict,
-) -> PeerFlag {
-    PeerFlag {
-        name,
-        values,
-        default,
-        answer,
-    }
-}
-
+use super::flag_answer::{flag, PeerFlag, Values, Verdict, HISTORY, TOKENIZER};
 use Values::{Many, One, Switch};
 use Verdict::{Elsewhere, NotApplicable};
 
-pub(super) const TOKENIZER: &str = "the router inside Envoy forwards HTTP: it does not tokenize, apply chat templates or parse model output (SGLang workers do)";
-pub(super) const HISTORY: &str = "the router keeps no conversation history: it forwards the OpenAI/SGLang endpoints to workers and stores nothing";
 const TLS: &str = "clients reach Envoy's listener, which serves TLS with these files: envoy/render.sh's LISTEN_TLS_CERT/LISTEN_TLS_KEY, which scripts/quickstart.sh takes from these flags (docker compose from .env); an Envoy configured elsewhere needs its own DownstreamTlsContext";
 
 /// sglang-router flags this control plane parses under the same name but
@@ -154,68 +80,3 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--tls-cert-path", One, "", Elsewhere(TLS)),
     flag("--tls-key-path", One, "", Elsewhere(TLS)),
 ];
-
-/// The router whose flag `name` is (`sglang-router` or `smg`), and its
-/// table entry. sglang-router's come first: smg kept most of them.
-pub fn find(name: &str) -> Option<(&'static str, &'static PeerFlag)> {
-    let of = |router, table: &'static [PeerFlag]| {
-        table.iter().find(|f| f.name == name).map(|f| (router, f))
-    };
-    of("sglang-router", PEER_FLAGS).or_else(|| of("smg", SMG_FLAGS))
-}
-
-/// Takes sglang-router's and smg's flags out of `argv`: those accepted (answered
-/// `Elsewhere`, or given their default value) are removed, with a note to
-/// log for each; the first refused one is an error naming it.
-pub fn screen(argv: Vec<OsString>) -> Result<(Vec<OsString>, Vec<String>), String> {
-    let mut kept = Vec::with_capacity(argv.len());
-    let mut notes = Vec::new();
-    let mut rest = argv.into_iter().peekable();
-    while let Some(arg) = rest.next() {
-        let text = arg.to_string_lossy().into_owned();
-        let (name, inline) = match text.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-            _ => (text.clone(), None),
-        };
-        let Some((router, peer)) = find(&name) else {
-            kept.push(arg);
-            continue;
-        };
-        let is_flag = |a: &OsString| a.to_string_lossy().starts_with("--");
-        let mut values: Vec<String> = inline.into_iter().collect();
-        match peer.values {
-            Values::Switch => {}
-            Values::One if values.is_empty() => {
-                if let Some(v) = rest.next_if(|a| !is_flag(a)) {
-                    values.push(v.to_string_lossy().into_owned());
-                }
-            }
-            Values::One => {}
-            Values::Many => {
-                while let Some(v) = rest.next_if(|a| !is_flag(a)) {
-                    values.push(v.to_string_lossy().into_owned());
-                }
-            }
-        }
-        let default = match peer.values {
-            Values::Switch => false,
-            Values::One => values.len() == 1 && values[0] == peer.default,
-            Values::Many => values.is_empty(),
-        };
-        match peer.answer {
-            Verdict::Elsewhere(how) => notes.push(format!("{name} ({router}'s): {how}")),
-            _ if default => notes.push(format!(
-                "{name} has {router}'s default value and changes nothing here"
-            )),
-            answer => {
-                return Err(format!(
-                    "{name} is an {router} flag this router does not take ({}): {}. \
-                     See docs/flags.md, section \"{router} flags\", row {name}.",
-                    answer.label(),
-                    answer.reason()
-                ))
-            }
-        }
-    }
-    Ok((kept, notes))
-}

@@ -6,7 +6,9 @@ use std::ffi::OsString;
 
 use clap::CommandFactory;
 
-use super::peer_flags::{screen, Verdict, OWN_BUT_DIFFERENT, PEER_FLAGS};
+use super::flag_answer::Verdict;
+use super::launch_screen::screen;
+use super::peer_flags::{OWN_BUT_DIFFERENT, PEER_FLAGS};
 use super::Args;
 
 /// `python -m sglang_router.launch_router --help` of sglang-router 0.3.2:

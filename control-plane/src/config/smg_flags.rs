@@ -1,11 +1,11 @@
 //! smg 1.13.0's flags that neither this control plane nor sglang-router
 //! 0.3.2 has, and this router's answer to each: screened like
-//! sglang-router's ([`super::peer_flags`]), listed in docs/flags.md's
+//! sglang-router's (`launch_screen.rs`), listed in docs/flags.md's
 //! "smg flags" table. smg (sglang-router's successor) keeps most of
 //! sglang-router's flags under the same names, which are answered there.
 //! Defaults are smg 1.13.0's, from `smg launch --help`.
 
-use super::peer_flags::{flag, PeerFlag, Values::*, Verdict::*, HISTORY, TOKENIZER};
+use super::flag_answer::{flag, PeerFlag, Values::*, Verdict::*, HISTORY, TOKENIZER};
 
 const TRANSPORT: &str = "the connection to workers is Envoy's: set it on the workers cluster in envoy/envoy.yaml (typed_extension_protocol_options, common_http_protocol_options)";
 const MULTIMODAL: &str =

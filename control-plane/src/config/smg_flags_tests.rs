@@ -5,7 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use super::peer_flags::{find, PEER_FLAGS};
+use super::launch_screen::find;
+use super::peer_flags::PEER_FLAGS;
 use super::peer_flags_tests::{argv, own_flags};
 use super::smg_flags::{OWN_BUT_DIFFERENT, SMG_FLAGS};
 use super::{Args, LEAST_LOAD_ENGINE_FLAGS, LEAST_LOAD_ENGINE_NOTE};
