@@ -481,7 +481,7 @@ pub struct Args {
     pub pool_group: String,
 
     /// What became of sglang-router flags accepted in another form
-    /// (filled by [`Args::try_parse_args`], see `peer_flags.rs`).
+    /// (filled by [`Args::try_parse_args`], see `launch_screen.rs`).
     #[arg(skip)]
     pub peer_notes: Vec<String>,
 }
@@ -494,7 +494,8 @@ impl Args {
 
     /// Parses `argv`, keeping each `--prefill URL [PORT]` as one group.
     /// sglang-router's flags that this router does not take are screened
-    /// first (`peer_flags.rs`): accepted with a note, or refused by name.
+    /// first (`launch_screen.rs`, against `peer_flags.rs` and
+    /// `smg_flags.rs`): accepted with a note, or refused by name.
     pub fn try_parse_args<I, T>(argv: I) -> Result<Args, clap::Error>
     where
         I: IntoIterator<Item = T>,
