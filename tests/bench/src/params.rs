@@ -148,8 +148,13 @@ pub fn quality_rivals() -> impl Iterator<Item = Contender> {
 
 /// Candidates for tuning `cost_aware`, not in the matrix: `--only` runs
 /// those it names (`--only "ours cost_aware"` runs them beside the shipped
-/// one). A policy may carry flags of its own, as these do.
-pub const QUALITY_CANDIDATES: &[Contender] = &[Contender::ours("cost_aware --cost-queue-weight 1")];
+/// one). A policy may carry flags of its own, as these do; the second is
+/// the shipped policy blind to the workers' load reports (routing on the
+/// router's own counts only, as before they were read).
+pub const QUALITY_CANDIDATES: &[Contender] = &[
+    Contender::ours("cost_aware --cost-queue-weight 1"),
+    Contender::ours("cost_aware --disable-load-monitoring"),
+];
 
 /// Seeds of scenario 2: every cell runs once per seed (workload text,
 /// arrivals and users all change with it), and the report shows the mean
