@@ -123,8 +123,10 @@ impl LoadMonitor {
     async fn get(&self, url: &str) -> Result<reqwest::Response, String> {
         self.client
             .get(url)
-            // A report older than the interval is of no use.
-            .timeout(self.interval.max(Duration::from_millis(200)))
+            // A busy worker (or a loaded host) may take a while to answer;
+            // an answer up to a second late still beats the router's own
+            // counts, and polls never overlap (the next waits for this one).
+            .timeout(self.interval.max(Duration::from_secs(1)))
             .send()
             .await
             .map_err(|e| error_chain(&e))
