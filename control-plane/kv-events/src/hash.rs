@@ -97,9 +97,8 @@ pub fn page_digest(prior: Option<&Digest>, tokens: &[u64]) -> Result<Digest, Has
 
 /// The int64 an event carries for a page digest.
 pub fn event_hash(digest: &Digest) -> i64 {
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    i64::from_be_bytes(first)
+    let [a, b, c, d, e, f, g, h, ..] = *digest;
+    i64::from_be_bytes([a, b, c, d, e, f, g, h])
 }
 
 /// The chain's first prior for a salted request.

@@ -211,6 +211,9 @@ impl<W: Eq + Hash + Clone> KvIndex<W> {
     /// Apply events without sequence checks (e.g. replayed batches the
     /// caller has already ordered).
     pub fn apply_events(&mut self, worker: &W, rank: u32, events: &[KvEvent]) {
+        // Even an empty batch makes the rank known: it answers queries (with
+        // 0) instead of None.
+        self.state_mut(worker, rank);
         for ev in events {
             match ev {
                 KvEvent::BlockStored(s) => self.store(worker, rank, s),

@@ -18,6 +18,19 @@
 //! Facts were read from SGLang's released sources (PyPI `sglang` 0.5.23,
 //! compared with 0.5.10 and 0.5.18); each module names its files.
 
+// The bytes this crate parses come off the network: outside tests, no
+// construct that can panic on input.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+#![warn(missing_docs)]
+
 pub mod decode;
 pub mod encode;
 pub mod error;
