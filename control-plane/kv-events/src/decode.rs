@@ -126,7 +126,7 @@ fn read_tokens(r: &mut Reader<'_>) -> Result<TokenIds, DecodeError> {
     }
 }
 
-/// Array layout (SGLang ≤ 0.5.22): `[tag, field, field, ...]`.
+/// Array layout (SGLang 0.5.18 and before): `[tag, field, field, ...]`.
 fn read_array_event(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
     let len = r.read_array_len()?;
     if len == 0 {
@@ -235,7 +235,7 @@ struct MapFields {
     lora_name: Option<String>,
 }
 
-/// Map layout (SGLang ≥ 0.5.23): `{"type": tag, field: value, ...}`.
+/// Map layout (SGLang 0.5.23): `{"type": tag, field: value, ...}`.
 fn read_map_event(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
     let entries = r.read_map_len()?;
     let mut f = MapFields::default();

@@ -16,10 +16,10 @@ use crate::event::{BlockRemoved, BlockStored, EventBatch, KvEvent, TokenIds};
 /// How events are laid out (see [`crate::event`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Layout {
-    /// SGLang ≥ 0.5.23: tagged maps, None-valued optional fields omitted.
+    /// SGLang 0.5.23: tagged maps, None-valued optional fields omitted.
     #[default]
     Map,
-    /// SGLang ≤ 0.5.22: tagged arrays with every field. This layout has no
+    /// SGLang 0.5.18 and before: tagged arrays with every field. This layout has no
     /// place for `session_id` and `lora_name`, which are dropped; a
     /// `cache_salt` is written as 0.5.18's trailing `{"cache_salt": ...}`.
     Array,

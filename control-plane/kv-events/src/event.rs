@@ -18,7 +18,8 @@
 //!     defaulted fields (`medium`, `cache_salt`, `session_id`, `lora_name`)
 //!     left out when None. Required fields (`parent_block_hash`, `lora_id`)
 //!     are written even when None.
-//!   * **0.5.22 and before** (seen in 0.5.10 and 0.5.18): events are arrays
+//!   * **0.5.18 and before** (read in 0.5.10 and 0.5.18; the switch lies in
+//!     0.5.19..=0.5.23, not bisected): events are arrays
 //!     with the tag first, then every field positionally:
 //!     `["BlockStored", block_hashes, parent_block_hash, token_ids,
 //!     block_size, lora_id, medium]`, `["BlockRemoved", block_hashes,

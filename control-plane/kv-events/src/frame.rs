@@ -19,7 +19,7 @@
 //!
 //! | release | batch reply | end marker |
 //! |---|---|---|
-//! | ≤ 0.5.22 (read in 0.5.10, 0.5.18) | `[seq, payload]` | `[-1, b""]` |
+//! | 0.5.18 and before (read in 0.5.10, 0.5.18) | `[seq, payload]` | `[-1, b""]` |
 //! | 0.5.23 | `[topic, seq, payload]` | `[b"", -1, b""]` |
 //!
 //! [`parse_replay_reply`] accepts both.
@@ -118,7 +118,7 @@ pub enum ReplayLayout {
     /// SGLang 0.5.23: replies carry the topic like live messages.
     #[default]
     WithTopic,
-    /// SGLang ≤ 0.5.22: `[seq, payload]`.
+    /// SGLang 0.5.18 and before: `[seq, payload]`.
     SeqPayload,
 }
 

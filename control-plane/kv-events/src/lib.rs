@@ -7,7 +7,7 @@
 //! replay ROUTER. This crate holds:
 //!
 //! * [`event`], [`decode`], [`encode`]: the msgpack batch, in both layouts
-//!   SGLang has used (arrays up to 0.5.22, maps from 0.5.23), decoded
+//!   SGLang has used (arrays in 0.5.18 and before, maps in 0.5.23), decoded
 //!   leniently and encoded byte-identical to msgspec;
 //! * [`frame`]: the PUB and replay frame layouts;
 //! * [`hash`]: the SHA-256 page chain behind the block hashes, so a router
