@@ -9,7 +9,7 @@
 
 use crate::error::DecodeError;
 use crate::event::{BlockRemoved, BlockStored, EventBatch, KvEvent, TokenIds};
-use crate::msgpack::{kind_of, Kind, Reader};
+use crate::msgpack::Reader;
 
 /// Decode one PUB payload (the third frame).
 pub fn decode_batch(bytes: &[u8]) -> Result<EventBatch, DecodeError> {
@@ -51,14 +51,16 @@ pub fn decode_batch(bytes: &[u8]) -> Result<EventBatch, DecodeError> {
 fn read_event(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
     let at = r.pos();
     let m = r.peek()?;
-    match kind_of(m) {
-        Kind::Array => read_array_event(r),
-        Kind::Map => read_map_event(r),
-        _ => Err(DecodeError::UnexpectedType {
+    if r.next_is_array() {
+        read_array_event(r)
+    } else if r.next_is_map() {
+        read_map_event(r)
+    } else {
+        Err(DecodeError::UnexpectedType {
             expected: "event (array or map)",
-            marker: m,
+            marker: m.to_u8(),
             at,
-        }),
+        })
     }
 }
 
@@ -103,11 +105,11 @@ fn read_tokens(r: &mut Reader<'_>) -> Result<TokenIds, DecodeError> {
     if n == 0 {
         return Ok(TokenIds::Flat(Vec::new()));
     }
-    if kind_of(r.peek()?) == Kind::Array {
+    if r.next_is_array() {
         let mut pairs = Vec::with_capacity(r.capacity_for(n));
         for _ in 0..n {
             let at = r.pos();
-            if kind_of(r.peek()?) != Kind::Array || r.read_array_len()? != 2 {
+            if !r.next_is_array() || r.read_array_len()? != 2 {
                 return Err(DecodeError::MixedTokens { at });
             }
             pairs.push([r.read_u64("token_ids")?, r.read_u64("token_ids")?]);
@@ -117,7 +119,7 @@ fn read_tokens(r: &mut Reader<'_>) -> Result<TokenIds, DecodeError> {
         let mut ids = Vec::with_capacity(r.capacity_for(n));
         for _ in 0..n {
             let at = r.pos();
-            if kind_of(r.peek()?) != Kind::Int {
+            if !r.next_is_int() {
                 return Err(DecodeError::MixedTokens { at });
             }
             ids.push(r.read_u64("token_ids")?);
@@ -165,7 +167,7 @@ fn read_array_event(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
             }
             // 0.5.18's BlockStoredWithMetadata: a map {"cache_salt": str}.
             let mut cache_salt = None;
-            if len > used && kind_of(r.peek()?) == Kind::Map {
+            if len > used && r.next_is_map() {
                 let entries = r.read_map_len()?;
                 for _ in 0..entries {
                     if r.read_str()? == "cache_salt" {
