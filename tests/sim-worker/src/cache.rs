@@ -13,6 +13,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 
 use crate::tokens::Token;
 
@@ -43,7 +44,18 @@ struct Entry {
     len: u32,
 }
 
-/// A token-level prefix cache with LRU eviction.
+/// What one [`PrefixCache::insert`] changed (used to publish KV events).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Inserted {
+    /// Indexes of the keys newly stored and still stored afterwards (the
+    /// prefix property makes them one range).
+    pub new: Range<usize>,
+    /// Keys stored before this insert and evicted by it, oldest first.
+    pub evicted: Vec<u64>,
+}
+
+/// A prefix cache with LRU eviction. Its unit is whatever one key stands
+/// for: a token (the default), or a page of tokens when KV events are on.
 #[derive(Debug)]
 pub struct PrefixCache {
     capacity: usize,
@@ -81,24 +93,51 @@ impl PrefixCache {
     }
 
     /// Stores (or refreshes) every prefix of the prompt with `hashes`, then
-    /// evicts least recently used tokens past the capacity.
-    pub fn insert(&mut self, hashes: &[u64]) {
+    /// evicts least recently used keys past the capacity, and says which
+    /// keys came and went.
+    pub fn insert(&mut self, hashes: &[u64]) -> Inserted {
         self.tick += 1;
         let tick = self.tick;
+        let mut first_new = None;
         for (i, &h) in hashes.iter().enumerate() {
             let len = u32::try_from(i + 1).unwrap_or(u32::MAX);
             let fresh = Entry { tick, len };
-            if let Some(old) = self.entries.insert(h, fresh) {
-                self.order.remove(&(old.tick, Reverse(old.len), h));
+            match self.entries.insert(h, fresh) {
+                Some(old) => {
+                    self.order.remove(&(old.tick, Reverse(old.len), h));
+                }
+                None => {
+                    first_new.get_or_insert(i);
+                }
             }
             self.order.insert((tick, Reverse(len), h));
         }
+        let first_new = first_new.unwrap_or(hashes.len());
+        let mut kept_end = hashes.len();
+        let mut evicted = Vec::new();
         while self.entries.len() > self.capacity {
-            let Some((_, _, h)) = self.order.pop_first() else {
+            let Some((t, Reverse(len), h)) = self.order.pop_first() else {
                 break;
             };
             self.entries.remove(&h);
+            // A prompt longer than the cache loses its own new tail at
+            // once (longest first): those keys were never really stored.
+            if t == tick && len as usize > first_new {
+                kept_end = kept_end.min(len as usize - 1);
+            } else {
+                evicted.push(h);
+            }
         }
+        Inserted {
+            new: first_new..kept_end.max(first_new),
+            evicted,
+        }
+    }
+
+    /// Drops everything (SGLang's `/flush_cache`, or a restart).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.order.clear();
     }
 }
 
@@ -116,14 +155,24 @@ mod tests {
         let mut c = PrefixCache::new(1000);
         let a = hashes("aaaabbbbccccdddd");
         assert_eq!(c.match_len(&a), 0);
-        c.insert(&a);
+        assert_eq!(
+            c.insert(&a),
+            Inserted {
+                new: 0..4,
+                evicted: vec![]
+            }
+        );
         assert_eq!(c.len(), 4);
         assert_eq!(c.match_len(&a), 4);
         assert_eq!(c.match_len(&hashes("aaaabbbbxxxxdddd")), 2);
         assert_eq!(c.match_len(&hashes("zaaabbbb")), 0);
         // Shared prefixes are stored once.
-        c.insert(&hashes("aaaabbbbeeee"));
+        assert_eq!(c.insert(&hashes("aaaabbbbeeee")).new, 2..3);
         assert_eq!(c.len(), 5);
+        // A repeat stores nothing.
+        assert_eq!(c.insert(&a).new, 4..4);
+        c.clear();
+        assert_eq!((c.len(), c.match_len(&a)), (0, 0));
     }
 
     #[test]
@@ -132,14 +181,21 @@ mod tests {
         let a = hashes("aaaabbbbcccc");
         let b = hashes("xxxxyyyyzzzz");
         c.insert(&a);
-        c.insert(&b);
+        let ins = c.insert(&b);
+        // a's two longest prefixes made room for b, longest first.
+        assert_eq!(ins.new, 0..3);
+        assert_eq!(ins.evicted, vec![a[2], a[1]]);
         // 4 tokens fit: b is whole, a keeps only its head.
         assert_eq!(c.len(), 4);
         assert_eq!(c.match_len(&b), 3);
         assert_eq!(c.match_len(&a), 1);
         // A prompt longer than the cache keeps its head.
         let long = hashes(&"0123".repeat(10));
-        c.insert(&long);
+        let ins = c.insert(&long);
+        // Only the head that stays counts as stored; only old keys as evicted.
+        assert_eq!(ins.new, 0..4);
+        assert_eq!(ins.evicted.len(), 4);
+        assert!(!ins.evicted.iter().any(|h| long.contains(h)));
         assert_eq!(c.match_len(&long), 4);
         assert_eq!(c.match_len(&a), 0);
         assert_eq!(c.match_len(&b), 0);
@@ -162,7 +218,7 @@ mod tests {
     fn zero_capacity_caches_nothing() {
         let mut c = PrefixCache::new(0);
         let a = hashes("aaaabbbb");
-        c.insert(&a);
+        assert_eq!(c.insert(&a), Inserted::default());
         assert_eq!(c.match_len(&a), 0);
     }
 }
