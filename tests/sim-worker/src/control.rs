@@ -1,5 +1,6 @@
 //! The test switches under `/_sim/`: failure injection, stalls, health, and
-//! timing, changeable while the worker runs; plus the request log and stats.
+//! timing, changeable while the worker runs; plus the request log and stats,
+//! and the KV-event hooks (withhold batches, restart the sequence).
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -138,4 +139,70 @@ pub async fn clear_requests(State(state): State<AppState>) -> Json<Value> {
 /// `GET /_sim/stats`
 pub async fn stats(State(state): State<AppState>) -> Json<Value> {
     Json(state.stats.to_json(state.rooms.open()))
+}
+
+/// `GET /_sim/kv_events`: whether KV events are on, the page size, and each
+/// rank publisher's counters (ports, next seq, replay buffer, withheld).
+pub async fn kv_events_status(State(state): State<AppState>) -> Json<Value> {
+    Json(match &state.kv {
+        None => serde_json::json!({"enabled": false}),
+        Some(kv) => serde_json::json!({
+            "enabled": true,
+            "page_size": kv.page_size(),
+            "ranks": kv.status(),
+        }),
+    })
+}
+
+/// `POST /_sim/kv_events`: test hooks for subscribers.
+///
+/// * `{"drop_next": N}` withholds the next N batches of every rank (or of
+///   `"dp_rank": r`) from the PUB socket; they keep their seq and stay in the
+///   replay buffer, so a subscriber sees a gap it can replay.
+/// * `{"restart": true}` acts as a worker restart: caches emptied, every
+///   publisher back at seq 0 with an empty replay buffer, no event sent.
+///
+/// Answers the `GET` document.
+pub async fn kv_events_hooks(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let Some(kv) = &state.kv else {
+        return Err(ApiError::bad(
+            "KV events are off: start the worker with --kv-events-config",
+        ));
+    };
+    let changes = parse_object(&body)?;
+    let mut drop_next = None;
+    let mut rank = None;
+    let mut restart = false;
+    for (key, value) in &changes {
+        match key.as_str() {
+            "drop_next" => drop_next = Some(as_u64(key, value)?),
+            "dp_rank" => {
+                let r = as_u64(key, value)?;
+                rank = Some(usize::try_from(r).map_err(|_| ApiError::bad("no such dp_rank"))?);
+            }
+            "restart" => restart = as_bool(key, value)?,
+            other => {
+                return Err(ApiError::bad(format!(
+                    "unknown /_sim/kv_events field {other:?}"
+                )))
+            }
+        }
+    }
+    if rank.is_some() && drop_next.is_none() {
+        return Err(ApiError::bad("dp_rank only goes with drop_next"));
+    }
+    if restart {
+        state.engine.restart_kv();
+        tracing::info!("KV-event publishers restarted at seq 0, caches emptied");
+    }
+    if let Some(n) = drop_next {
+        if !kv.drop_next(rank, n) {
+            return Err(ApiError::bad(format!("no dp_rank {rank:?}")));
+        }
+        tracing::info!(n, ?rank, "withholding the next KV-event batches");
+    }
+    Ok(kv_events_status(State(state.clone())).await)
 }

@@ -18,6 +18,7 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::cache::{prefix_hashes, PrefixCache};
 use crate::control::Control;
+use crate::kv_events::KvEvents;
 use crate::tokens::Token;
 
 /// One data-parallel rank: its own cache, prefill slots and load counters.
@@ -52,21 +53,29 @@ pub struct Engine {
     ranks: Vec<Arc<Rank>>,
     next: AtomicUsize,
     control: Arc<Control>,
+    /// With `--kv-events-config`: the caches hold pages and publish events.
+    kv: Option<Arc<KvEvents>>,
 }
 
 impl Engine {
     /// `dp_size` ranks (at least one), each allowing `max_running_prefills`
-    /// concurrent prefills (at least one) and caching `cache_tokens` tokens.
+    /// concurrent prefills (at least one) and caching `cache_tokens` tokens
+    /// (in whole pages when `kv` publishes KV events).
     pub fn new(
         dp_size: usize,
         max_running_prefills: usize,
         cache_tokens: usize,
         control: Arc<Control>,
+        kv: Option<Arc<KvEvents>>,
     ) -> Engine {
+        let capacity = match &kv {
+            Some(kv) => cache_tokens / kv.page_size(),
+            None => cache_tokens,
+        };
         let ranks = (0..dp_size.max(1))
             .map(|_| {
                 Arc::new(Rank {
-                    cache: Mutex::new(PrefixCache::new(cache_tokens)),
+                    cache: Mutex::new(PrefixCache::new(capacity)),
                     prefill: Semaphore::new(max_running_prefills.max(1)),
                     queued: AtomicU64::new(0),
                     running: AtomicU64::new(0),
@@ -78,6 +87,37 @@ impl Engine {
             ranks,
             next: AtomicUsize::new(0),
             control,
+            kv,
+        }
+    }
+
+    /// Empties every rank's cache, as SGLang's `/flush_cache` does, and
+    /// publishes `AllBlocksCleared`. Like SGLang, refuses (false) while
+    /// requests are running or waiting.
+    pub fn flush(&self) -> bool {
+        if self.loads().iter().any(|l| l.num_reqs > 0) {
+            return false;
+        }
+        for (i, rank) in self.ranks.iter().enumerate() {
+            let mut cache = rank.cache.lock();
+            cache.clear();
+            if let Some(kv) = &self.kv {
+                kv.publish_cleared(i);
+            }
+        }
+        true
+    }
+
+    /// As a restarted worker: empty caches, publishers back at seq 0 with
+    /// nothing to replay, and no event about it (a new process announces
+    /// nothing; subscribers notice the seq going back).
+    pub fn restart_kv(&self) {
+        for (i, rank) in self.ranks.iter().enumerate() {
+            let mut cache = rank.cache.lock();
+            cache.clear();
+            if let Some(kv) = &self.kv {
+                kv.restart(i);
+            }
         }
     }
 
@@ -128,18 +168,34 @@ impl Engine {
         let rank_index = rank % self.ranks.len();
         let rank = Arc::clone(&self.ranks[rank_index]);
         let mut seq = SeqGuard::queued(Arc::clone(&rank), (tokens.len() + max_new) as u64);
-        let hashes = prefix_hashes(tokens);
+        // Keys: one per token, or with KV events one per full page (its
+        // hash), so the cache matches what the events told subscribers.
+        let (hashes, pages, unit) = match &self.kv {
+            None => (prefix_hashes(tokens), None, 1),
+            Some(kv) => {
+                let pages = kv.pages(tokens);
+                (pages.keys(), Some(pages), kv.page_size())
+            }
+        };
         // The semaphore is never closed; if it were, run without a slot.
         let permit = rank.prefill.acquire().await.ok();
         seq.start();
         // Matched when the prefill starts, as SGLang's scheduler does: a
         // request queued behind an identical one benefits from it.
-        let cached = rank.cache.lock().match_len(&hashes);
+        let cached = rank.cache.lock().match_len(&hashes) * unit;
         let us = (tokens.len() - cached) as u64 * self.control.get().prefill_us_per_token;
         if us > 0 {
             sleep_until(Instant::now() + Duration::from_micros(us)).await;
         }
-        rank.cache.lock().insert(&hashes);
+        {
+            let mut cache = rank.cache.lock();
+            let inserted = cache.insert(&hashes);
+            // Published under the cache lock: batches leave in the order
+            // the cache changed.
+            if let (Some(kv), Some(pages)) = (&self.kv, &pages) {
+                kv.publish_insert(rank_index, pages, &inserted);
+            }
+        }
         drop(permit);
         Prefilled {
             rank: rank_index,
@@ -271,7 +327,7 @@ mod tests {
     use crate::tokens::tokenize;
 
     fn engine(dp: usize) -> Engine {
-        Engine::new(dp, 1, 1000, Arc::new(Control::new(0, 0)))
+        Engine::new(dp, 1, 1000, Arc::new(Control::new(0, 0)), None)
     }
 
     #[test]
@@ -299,6 +355,21 @@ mod tests {
         assert_eq!(tokens, vec![0, 1, 2]);
         assert_eq!(e.loads()[0].num_reqs, 0);
         assert_eq!(e.loads()[0].num_tokens, 0);
+    }
+
+    #[tokio::test]
+    async fn flush_empties_caches_unless_busy() {
+        let e = engine(2);
+        let p = e.prefill(1, &tokenize("abcdefgh"), 1).await;
+        // A running sequence blocks the flush, as in SGLang.
+        assert!(!e.flush());
+        drop(p);
+        assert!(e.flush());
+        let q = e.prefill(1, &tokenize("abcdefgh"), 1).await;
+        assert_eq!(q.cached_tokens, 0);
+        drop(q);
+        e.restart_kv();
+        assert_eq!(e.prefill(1, &tokenize("abcdefgh"), 1).await.cached_tokens, 0);
     }
 
     #[tokio::test]

@@ -12,9 +12,12 @@ mod disagg;
 mod engine;
 mod error;
 mod health;
+mod kv_config;
+mod kv_events;
 mod loads;
 mod native;
 mod openai;
+mod publisher;
 mod record;
 mod request;
 mod sse;
@@ -33,7 +36,9 @@ use std::future::IntoFuture;
 use tokio::net::TcpListener;
 
 pub use disagg::{DisaggregationMode, UnknownMode};
-pub use state::{AppState, SimConfig};
+pub use kv_config::{KvConfigError, KvEventsConfig, TcpEndpoint};
+pub use kv_events::text_token_ids;
+pub use state::{AppState, SimConfig, DEFAULT_PAGE_SIZE};
 pub use tls::{server_config, TlsError, TlsFiles, TlsListener};
 pub use wire::{InfoRoutes, UnknownValue, WireProfile};
 
@@ -67,6 +72,14 @@ pub fn router(state: AppState) -> Router {
             get(control::requests).delete(control::clear_requests),
         )
         .route("/_sim/stats", get(control::stats))
+        .route(
+            "/_sim/kv_events",
+            get(control::kv_events_status).post(control::kv_events_hooks),
+        )
+        .route(
+            "/flush_cache",
+            get(native::flush_cache).post(native::flush_cache),
+        )
         .route(
             "/_sim/config",
             get(control::get_config).post(control::set_config),
@@ -136,7 +149,15 @@ pub async fn serve_tls_with_bootstrap(
         tls = tls.is_some(),
         "simulated SGLang worker starting"
     );
-    let state = AppState::new(config);
+    let kv = match &config.kv_events_config {
+        None => None,
+        Some(kv_config) => Some(std::sync::Arc::new(
+            kv_events::KvEvents::start(kv_config, config.page_size, config.dp_size)
+                .await
+                .map_err(std::io::Error::other)?,
+        )),
+    };
+    let state = AppState::with_kv(config, kv);
     match tls {
         None => run(listener, state, bootstrap).await,
         Some(tls) => {

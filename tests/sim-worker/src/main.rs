@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Parser;
 use sglang_sim_worker::{
     bind_bootstrap, serve_tls_with_bootstrap, server_config, DisaggregationMode, InfoRoutes,
-    SimConfig, TlsFiles, WireProfile,
+    KvConfigError, KvEventsConfig, SimConfig, TlsFiles, WireProfile, DEFAULT_PAGE_SIZE,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -97,9 +97,29 @@ struct Cli {
     /// (401 `{"error":"Unauthorized"}`; `/health*` and `/metrics` stay open).
     #[arg(long)]
     api_key: Option<String>,
+    /// Publish KV cache events as SGLang does, e.g.
+    /// `{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}`
+    /// (SGLang's JSON: `publisher`, `endpoint`, `bind`, `replay_endpoint`,
+    /// `buffer_steps`, `topic`, `format`); DP rank r uses the ports plus r.
+    /// The prefix cache then works in pages of --page-size tokens.
+    #[arg(long, value_name = "JSON", value_parser = parse_kv_events)]
+    kv_events_config: Option<KvEventsFlag>,
+    /// Tokens per cached page (the events' block_size); only used with
+    /// --kv-events-config.
+    #[arg(long, default_value_t = DEFAULT_PAGE_SIZE as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    page_size: u64,
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `debug`.
     #[arg(long, default_value = "info")]
     log_level: String,
+}
+
+/// A parsed `--kv-events-config`; None for `"publisher": "null"`. (A
+/// newtype: clap reads `Option<Option<_>>` as a flag with an optional value.)
+#[derive(Debug, Clone)]
+struct KvEventsFlag(Option<KvEventsConfig>);
+
+fn parse_kv_events(json: &str) -> Result<KvEventsFlag, KvConfigError> {
+    KvEventsConfig::parse(json).map(KvEventsFlag)
 }
 
 #[tokio::main]
@@ -152,6 +172,8 @@ async fn main() -> anyhow::Result<()> {
         health_timeout_ms: cli.health_timeout_ms,
         startup_ms: cli.startup_ms,
         api_key: cli.api_key,
+        kv_events_config: cli.kv_events_config.and_then(|f| f.0),
+        page_size: usize::try_from(cli.page_size).context("--page-size is too large")?,
     };
     let bootstrap = bind_bootstrap(&config).await.with_context(|| {
         format!(

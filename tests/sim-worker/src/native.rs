@@ -27,7 +27,7 @@ use crate::tokens::{
 pub async fn server_info(State(state): State<AppState>) -> Json<Value> {
     let c = &state.config;
     let switches = state.control.get();
-    Json(json!({
+    let mut info = json!({
         "model_path": c.model_path,
         "tokenizer_path": c.model_path,
         "served_model_name": c.model_path,
@@ -48,7 +48,34 @@ pub async fn server_info(State(state): State<AppState>) -> Json<Value> {
         "max_running_prefills": c.max_running_prefills,
         "prefill_us_per_token": switches.prefill_us_per_token,
         "decode_us_per_token": switches.decode_us_per_token,
-    }))
+    });
+    // Only with KV events on, so that the answer is unchanged without them.
+    // SGLang 0.5.23 reports the flag's JSON string as `kv_events_config`,
+    // `page_size`, and the publisher descriptor as `kv_events`.
+    if let (Some(kv), Some(obj)) = (&state.kv, info.as_object_mut()) {
+        obj.insert("kv_events_config".into(), json!(kv.raw_config()));
+        obj.insert("page_size".into(), json!(kv.page_size()));
+        obj.insert("kv_events".into(), kv.descriptor());
+    }
+    Json(info)
+}
+
+/// `GET` or `POST /flush_cache` (both, as SGLang 0.5.23 routes it): empties
+/// every rank's prefix cache (publishing `AllBlocksCleared` with KV events
+/// on) and answers 200 with a text body; like SGLang, refuses with a 400
+/// while requests are running or waiting. Its `timeout` query (how long
+/// SGLang waits for them) is ignored.
+pub async fn flush_cache(State(state): State<AppState>) -> Response {
+    if state.engine.flush() {
+        tracing::info!("prefix cache flushed");
+        "Cache flushed.\n".into_response()
+    } else {
+        (
+            axum::http::StatusCode::BAD_REQUEST,
+            "Flush cache failed: requests are running or waiting.\n",
+        )
+            .into_response()
+    }
 }
 
 /// `GET /get_model_info` and `GET /model_info`.

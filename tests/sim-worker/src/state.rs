@@ -9,6 +9,8 @@ use crate::control::Control;
 use crate::disagg::{prompt_hash, DisaggregationMode, Handoff};
 use crate::engine::{Engine, Prefilled};
 use crate::error::ApiError;
+use crate::kv_config::KvEventsConfig;
+use crate::kv_events::KvEvents;
 use crate::record::{RecordId, Recorder};
 use crate::request::Body;
 use crate::stats::{InFlight, KvEvent, Stats};
@@ -70,7 +72,18 @@ pub struct SimConfig {
     /// and the `/_sim/` switches needs `Authorization: Bearer <key>`, as
     /// SGLang's server with `--api-key`.
     pub api_key: Option<String>,
+    /// `--kv-events-config` with a `zmq` publisher: publish KV events, and
+    /// cache in pages of `page_size` tokens. `None` (the default, and
+    /// `"publisher": "null"`): no events, a token-level cache.
+    pub kv_events_config: Option<KvEventsConfig>,
+    /// `--page-size`: tokens per cached page, used only with
+    /// `kv_events_config` (the token-level cache stays as it was).
+    pub page_size: usize,
 }
+
+/// `--page-size` default. SGLang resolves its own per attention backend
+/// (1 for most); 16 keeps the simulator's events per prompt few.
+pub const DEFAULT_PAGE_SIZE: usize = 16;
 
 impl Default for SimConfig {
     fn default() -> Self {
@@ -95,6 +108,8 @@ impl Default for SimConfig {
             health_timeout_ms: 20_000,
             startup_ms: 0,
             api_key: None,
+            kv_events_config: None,
+            page_size: DEFAULT_PAGE_SIZE,
         }
     }
 }
@@ -131,6 +146,8 @@ pub struct Shared {
     pub client: reqwest::Client,
     /// When the worker started (`--startup-ms` counts from here).
     pub started: Instant,
+    /// The KV-event publishers, with `--kv-events-config`.
+    pub kv: Option<Arc<KvEvents>>,
 }
 
 impl Deref for AppState {
@@ -142,8 +159,14 @@ impl Deref for AppState {
 }
 
 impl AppState {
-    /// Fresh state for `config`.
+    /// Fresh state for `config`, publishing no KV events.
     pub fn new(config: SimConfig) -> AppState {
+        AppState::with_kv(config, None)
+    }
+
+    /// Fresh state for `config` whose caches publish on `kv` (bound by
+    /// [`KvEvents::start`] from `config.kv_events_config`).
+    pub fn with_kv(config: SimConfig, kv: Option<Arc<KvEvents>>) -> AppState {
         let dp_size = config.dp_size.max(1);
         let control = Arc::new(Control::new(
             config.prefill_us_per_token,
@@ -154,6 +177,7 @@ impl AppState {
             config.max_running_prefills,
             config.cache_tokens,
             Arc::clone(&control),
+            kv.clone(),
         );
         AppState(Arc::new(Shared {
             config: SimConfig { dp_size, ..config },
@@ -164,6 +188,7 @@ impl AppState {
             rooms: Rooms::default(),
             client: reqwest::Client::new(),
             started: Instant::now(),
+            kv,
         }))
     }
 
