@@ -11,6 +11,8 @@
 //! workers to Envoy, `admin` changes them (`enrollment` registers those not
 //! reachable yet in the background; `dns` moves those whose DNS name points
 //! elsewhere; `auth` says who may), `metrics` reports on all of it.
+//! `kv_events` subscribes to the workers' KV cache events and keeps an
+//! index of the blocks each DP rank holds (not routed on yet).
 //! In PD mode the engine also builds the bootstrap fields and sends the
 //! prefill half itself (`pd`), and the filter waits for it (`AwaitPrefill`).
 //! `ext_proc` is a second front door over the same engine, for Envoys that
@@ -28,6 +30,7 @@ pub mod ext_proc;
 pub mod grpc_health;
 pub mod grpc_tls;
 pub mod k8s;
+pub mod kv_events;
 pub mod metrics;
 pub mod pd;
 pub mod policy_flags;
