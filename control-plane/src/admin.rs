@@ -24,6 +24,7 @@ use crate::auth::{AdminAuth, Denial, Outcome};
 use crate::config::parse_bootstrap_port;
 use crate::engine::{Engine, WorkerChangeError};
 use crate::enrollment::Enrollment;
+use crate::kv_events::KvEvents;
 use crate::workers::{HealthChecker, RegistryError, Role, Worker, WorkerId, WorkerSpec};
 
 /// The header Envoy adds (overwriting any a client sent) to requests that
@@ -42,6 +43,8 @@ pub struct AdminState {
     pub enrollment: Arc<Enrollment>,
     /// Who may change the worker set (`--admin-token`, API keys, JWTs).
     pub auth: Arc<AdminAuth>,
+    /// The KV-event subscriber, unless `--disable-kv-events`.
+    pub kv_events: Option<Arc<KvEvents>>,
 }
 
 /// The admin API's routes.
@@ -404,6 +407,9 @@ pub fn metrics_router(state: AdminState) -> Router {
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
+    if let Some(kv) = &s.kv_events {
+        s.engine.metrics().record_kv_events(&kv.views());
+    }
     let body = s
         .engine
         .metrics()

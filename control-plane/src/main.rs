@@ -25,6 +25,7 @@ use sglang_envoy_control_plane::body_budget::BodyBudget;
 use sglang_envoy_control_plane::config::Args;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::enrollment::Enrollment;
+use sglang_envoy_control_plane::kv_events::KvEvents;
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::workers::{
     worker_client, AddressPolicy, HealthChecker, LoadMonitor, Registry,
@@ -84,6 +85,9 @@ async fn main() -> anyhow::Result<()> {
         );
         tokio::spawn(monitor.run());
     }
+    if let Some(kv) = &plane.kv_events {
+        tokio::spawn(kv.clone().run(plane.engine.registry().clone()));
+    }
     plane.serve(&args).await
 }
 
@@ -140,6 +144,8 @@ struct ControlPlane {
     enrollment: Arc<Enrollment>,
     /// The one HTTP client for workers (health probes, load reports).
     worker_client: reqwest::Client,
+    /// The KV-event subscriber, unless `--disable-kv-events`.
+    kv_events: Option<Arc<KvEvents>>,
 }
 
 impl ControlPlane {
@@ -206,11 +212,15 @@ impl ControlPlane {
             dp_aware = args.dp_aware,
             "router built"
         );
+        let kv_events = args
+            .kv_events_options()
+            .map(|o| KvEvents::new(o, worker_client.clone()));
         Ok(ControlPlane {
             engine,
             health,
             enrollment,
             worker_client,
+            kv_events,
         })
     }
 
@@ -221,6 +231,7 @@ impl ControlPlane {
             engine,
             health,
             enrollment,
+            kv_events,
             ..
         } = self;
         let grpc_addr = SocketAddr::new(args.host, args.grpc_port);
@@ -284,6 +295,7 @@ impl ControlPlane {
                 AdminAuth::from_flags(args.admin_token.as_deref(), &args.auth)
                     .map_err(anyhow::Error::msg)?,
             ),
+            kv_events,
         };
         let prometheus = match args.prometheus_port {
             Some(port) => {

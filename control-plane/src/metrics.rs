@@ -10,6 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::kv_events::WorkerKvView;
 use crate::policy::CacheOutcome;
 use crate::workers::{CircuitState, Worker};
 
@@ -49,6 +50,10 @@ pub struct Metrics {
     worker_healthy: Family<WorkerLabel, Gauge>,
     worker_processed: Family<WorkerLabel, Gauge>,
     sessions: Gauge,
+    kv_events_received: Family<WorkerLabel, Counter>,
+    kv_events_gaps: Family<WorkerLabel, Counter>,
+    worker_kv_blocks: Family<WorkerLabel, Gauge>,
+    worker_kv_events_live: Family<WorkerLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -86,6 +91,10 @@ impl Metrics {
             worker_healthy: Family::default(),
             worker_processed: Family::default(),
             sessions: Gauge::default(),
+            kv_events_received: Family::default(),
+            kv_events_gaps: Family::default(),
+            worker_kv_blocks: Family::default(),
+            worker_kv_events_live: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -178,6 +187,26 @@ impl Metrics {
             "Filter VMs (one per Envoy worker thread) with an open session stream",
             m.sessions.clone(),
         );
+        registry.register(
+            "sgl_router_kv_events_received",
+            "KV-event messages received per worker (all DP ranks), well-formed or not",
+            m.kv_events_received.clone(),
+        );
+        registry.register(
+            "sgl_router_kv_events_gaps",
+            "KV-event sequence gaps per worker (all DP ranks), replayed or not",
+            m.kv_events_gaps.clone(),
+        );
+        registry.register(
+            "sgl_router_worker_kv_blocks",
+            "KV cache blocks the KV-event index holds per worker (all DP ranks and tiers)",
+            m.worker_kv_blocks.clone(),
+        );
+        registry.register(
+            "sgl_router_worker_kv_events_live",
+            "1 when every DP rank of the worker has KV events applied and trusted; 0 otherwise (untrusted after a lost batch, or nothing received yet)",
+            m.worker_kv_events_live.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -221,6 +250,31 @@ impl Metrics {
         }
         if retries > 0 {
             self.retries.inc_by(u64::from(retries));
+        }
+    }
+
+    /// The KV-event subscriber's state, per worker, for the next render.
+    /// Rebuilt on each call, so removed workers disappear; counters restart
+    /// from zero when a worker is registered again.
+    pub fn record_kv_events(&self, views: &[WorkerKvView]) {
+        self.kv_events_received.clear();
+        self.kv_events_gaps.clear();
+        self.worker_kv_blocks.clear();
+        self.worker_kv_events_live.clear();
+        for v in views {
+            let label = WorkerLabel {
+                worker: v.worker.clone(),
+            };
+            self.kv_events_received
+                .get_or_create(&label)
+                .inc_by(v.received());
+            self.kv_events_gaps.get_or_create(&label).inc_by(v.gaps());
+            self.worker_kv_blocks
+                .get_or_create(&label)
+                .set(i64::try_from(v.blocks).unwrap_or(i64::MAX));
+            self.worker_kv_events_live
+                .get_or_create(&label)
+                .set(i64::from(v.live));
         }
     }
 

@@ -27,6 +27,7 @@ use tracing::info;
 
 use super::{error, remove as remove_by_url, spec_of, AdminState};
 use crate::enrollment::{Enrolled, Job};
+use crate::kv_events::WorkerKvView;
 use crate::workers::{CircuitState, Role, Worker, WorkerAddress, WorkerId};
 
 /// sglang-router's placeholder for what it has not discovered (a model
@@ -79,6 +80,10 @@ struct WorkerInfo {
     /// A DP-aware server's ranks.
     #[serde(skip_serializing_if = "Option::is_none")]
     units: Option<Vec<WorkerInfo>>,
+    /// The server's KV-event subscription (per DP rank: state, last seq,
+    /// blocks held); absent with `--disable-kv-events`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kv_events: Option<WorkerKvView>,
 }
 
 /// sglang-router's `job_status` of a registration still running or failed.
@@ -124,6 +129,7 @@ impl WorkerInfo {
             processed: w.processed(),
             routing_keys: w.routing_keys(),
             units: None,
+            kv_events: None,
         }
     }
 
@@ -180,6 +186,7 @@ impl WorkerInfo {
             processed: 0,
             routing_keys: 0,
             units: None,
+            kv_events: None,
         }
     }
 }
@@ -220,10 +227,22 @@ fn unknown(what: &str) -> Response {
     )
 }
 
+/// The KV-event view of the server at `base_url`, when subscribing is on.
+fn kv_view(s: &AdminState, base_url: &str) -> Option<WorkerKvView> {
+    s.kv_events.as_ref().and_then(|kv| kv.view(base_url))
+}
+
 /// `GET /workers`
 pub(super) async fn list(State(s): State<AdminState>) -> Response {
     let all = s.engine.registry().all();
-    let workers: Vec<WorkerInfo> = all.iter().map(|w| WorkerInfo::unit(w)).collect();
+    let workers: Vec<WorkerInfo> = all
+        .iter()
+        .map(|w| {
+            let mut info = WorkerInfo::unit(w);
+            info.kv_events = kv_view(&s, &w.base_url);
+            info
+        })
+        .collect();
     let count = |role: Role| all.iter().filter(|w| w.role() == role).count();
     let pending: Vec<WorkerInfo> = s
         .enrollment
@@ -260,7 +279,8 @@ pub(super) async fn get(State(s): State<AdminState>, Path(raw): Path<String>) ->
             )
         }
     };
-    if let Some(info) = WorkerInfo::server(&units) {
+    if let Some(mut info) = WorkerInfo::server(&units) {
+        info.kv_events = kv_view(&s, &info.base_url);
         return Json(info).into_response();
     }
     match job {

@@ -146,6 +146,27 @@ pub struct Args {
     #[arg(long)]
     pub disable_load_monitoring: bool,
 
+    /// Do not subscribe to any worker's KV cache events (docs/kv-events.md).
+    #[arg(long)]
+    pub disable_kv_events: bool,
+    /// TCP port of every worker's KV-event PUB socket for DP rank 0 (rank r
+    /// publishes on this + r), overriding `endpoint_port_base` of the
+    /// `kv_events` object SGLang advertises in `/server_info`; with it,
+    /// workers that advertise nothing are subscribed too, at their URL's
+    /// host. SGLang's `--kv-events-config` key: `endpoint`.
+    #[arg(long, value_name = "PORT")]
+    pub kv_events_endpoint_port: Option<u16>,
+    /// TCP port of every worker's replay ROUTER for DP rank 0 (rank r adds
+    /// r), overriding the advertised `replay_endpoint_port_base`; asked for
+    /// missed batches when a sequence gap shows. SGLang's key:
+    /// `replay_endpoint`.
+    #[arg(long, value_name = "PORT")]
+    pub kv_events_replay_endpoint_port: Option<u16>,
+    /// ZMQ topic to subscribe to (a prefix of the publisher's topic),
+    /// overriding the advertised `topic`. SGLang's key: `topic`.
+    #[arg(long, value_name = "TOPIC")]
+    pub kv_events_topic: Option<String>,
+
     /// Prefix match rate (0..1) above which cache_aware sends a request to the
     /// worker holding the longest match.
     #[arg(long, default_value_t = 0.3)]
