@@ -148,13 +148,11 @@ pub fn quality_rivals() -> impl Iterator<Item = Contender> {
 
 /// Candidates for tuning `cost_aware`, not in the matrix: `--only` runs
 /// those it names (`--only "ours cost_aware"` runs them beside the shipped
-/// one). A policy may carry flags of its own, as these do; the second is
-/// the shipped policy blind to the workers' load reports (routing on the
+/// one). A policy may carry flags of its own, as this one does: the
+/// shipped policy blind to the workers' load reports (routing on the
 /// router's own counts only, as before they were read).
-pub const QUALITY_CANDIDATES: &[Contender] = &[
-    Contender::ours("cost_aware --cost-queue-weight 1"),
-    Contender::ours("cost_aware --disable-load-monitoring"),
-];
+pub const QUALITY_CANDIDATES: &[Contender] =
+    &[Contender::ours("cost_aware --disable-load-monitoring")];
 
 /// Seeds of scenario 2: every cell runs once per seed (workload text,
 /// arrivals and users all change with it), and the report shows the mean
@@ -329,6 +327,10 @@ pub struct QualityParams {
     /// Prefill/decode disaggregation: `(prefill workers, decode workers)`
     /// instead of `workers` regular ones.
     pub pd: Option<(usize, usize)>,
+    /// Independent router stacks in front of the one fleet, each sent the
+    /// conversations of its share of the users (user id modulo this): a
+    /// fleet shared with traffic each router cannot see.
+    pub routers: usize,
     /// How many of [`QUALITY_SEEDS`] each cell runs with.
     pub seeds: usize,
     /// How many of [`QUALITY_HELD_OUT_SEEDS`] each shape runs with (0:
@@ -487,6 +489,7 @@ impl Profile {
                 dp_size: 1,
                 slow_first_worker: 1,
                 pd: None,
+                routers: 1,
                 seeds: QUALITY_SEEDS.len(),
                 held_out_seeds: QUALITY_HELD_OUT_SEEDS.len(),
             },

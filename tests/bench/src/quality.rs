@@ -268,16 +268,39 @@ async fn cell(
     let p = &shape.params;
     let tag = "quality";
     let mut workers = Workers::start(paths, p, tag).await?;
-    let mut r = procs::start_with(paths, c, &workers.fleet, &router_args(p, c), tag).await?;
+    let n = p.routers.max(1);
+    let mut routers = Vec::with_capacity(n);
+    for k in 0..n {
+        let tag = if n == 1 {
+            tag.to_string()
+        } else {
+            format!("{tag}-router{k}")
+        };
+        routers.push(procs::start_with(paths, c, &workers.fleet, &router_args(p, c), &tag).await?);
+    }
     // Readiness probes are not inference requests; counters start at 0.
-    let url = format!("{}/v1/chat/completions", r.base);
-    let (outcomes, _span) = loadgen::open_loop(&url, Arc::clone(schedule), p.drain).await?;
-    r.check_alive()?;
+    // Each router replays its share of the users, all at once.
+    let runs = routers.iter().enumerate().map(|(k, r)| {
+        let share: Vec<workload::Scheduled> = schedule
+            .iter()
+            .filter(|s| s.user % n == k)
+            .cloned()
+            .collect();
+        let url = format!("{}/v1/chat/completions", r.base);
+        async move { loadgen::open_loop(&url, Arc::new(share), p.drain).await }
+    });
+    let mut outcomes = Vec::with_capacity(schedule.len());
+    for run in futures::future::join_all(runs).await {
+        outcomes.extend(run?.0);
+    }
+    for r in &mut routers {
+        r.check_alive()?;
+    }
     workers.prefill.check_alive()?;
     let stats = workers.prefill.stats().await?;
     let mut row = summarise(shape, seed, c, &outcomes, &stats);
     row.held_out = held_out;
-    drop(r);
+    drop(routers);
     drop(workers);
     // Let sockets and processes go before the next contender.
     tokio::time::sleep(Duration::from_millis(300)).await;

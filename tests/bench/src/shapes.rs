@@ -62,6 +62,12 @@ pub fn matrix(base: &QualityParams) -> Vec<Shape> {
             }),
         },
         Shape {
+            name: "two routers",
+            what: "two independent router stacks in front of the 4 workers, each sent half of the users (a fleet shared with traffic each router cannot see)",
+            shared: true,
+            params: with(&|p| p.routers = 2),
+        },
+        Shape {
             name: "slow worker",
             what: "the first worker 3x slower at prefill and decode (the fleet has ~3.3 workers' capacity)",
             shared: true,

@@ -4,14 +4,17 @@
 //!
 //! The report is the truth as of when it arrived; requests this router
 //! starts afterwards are added while they are in flight, until the next
-//! report (which holds those still running). A request that ends before the
-//! next report stops counting at once, as it would in the router's own
-//! count: a worker that just finished a burst does not look busy for the
-//! rest of the interval. A request sent while a report was on its way may be
-//! in that report and is then not added again: it is missed until the next
-//! report rather than counted twice. Without a live report (never polled,
-//! the last poll failed, or polling is off) there is no engine load and the
-//! router's own in-flight count stands alone.
+//! report (which holds those still running). A request of this router's
+//! that ends stops counting at once, whether it was sent before the report
+//! (and so is in it: taken off the report) or after (taken off what was
+//! added), as it would in the router's own count: a worker that just
+//! finished a burst does not look busy for the rest of the interval, and
+//! the router's own finished requests never pass for someone else's. A
+//! request sent while a report was on its way may be in that report and is
+//! then not added again: it is missed until the next report rather than
+//! counted twice. Without a live report (never polled, the last poll
+//! failed, or polling is off) there is no engine load and the router's own
+//! in-flight count stands alone.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -28,6 +31,9 @@ pub struct EngineLoad {
     epoch: AtomicU64,
     /// Requests sent since the last report and still in flight.
     fresh: AtomicUsize,
+    /// Requests sent before the last report (so held in it) that ended
+    /// since.
+    gone: AtomicUsize,
 }
 
 /// When a request was sent, relative to the reports: given back when it ends.
@@ -40,6 +46,7 @@ impl Default for EngineLoad {
             reported: AtomicUsize::new(NONE),
             epoch: AtomicU64::new(0),
             fresh: AtomicUsize::new(0),
+            gone: AtomicUsize::new(0),
         }
     }
 }
@@ -58,6 +65,8 @@ impl EngineLoad {
             let _ = self
                 .fresh
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        } else {
+            self.gone.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -80,6 +89,7 @@ impl EngineLoad {
     fn new_epoch(&self) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.fresh.store(0, Ordering::Release);
+        self.gone.store(0, Ordering::Release);
     }
 
     /// Running plus waiting requests in the last live report.
@@ -88,11 +98,16 @@ impl EngineLoad {
         (r != NONE).then_some(r)
     }
 
-    /// The report plus the requests sent since and still in flight; `None`
-    /// without a live report.
+    /// The report, less this router's requests in it that ended since,
+    /// plus the requests sent since and still in flight; `None` without a
+    /// live report.
     pub fn merged(&self) -> Option<usize> {
         let reported = self.reported()?;
-        Some(reported.saturating_add(self.fresh.load(Ordering::Acquire)))
+        Some(
+            reported
+                .saturating_sub(self.gone.load(Ordering::Acquire))
+                .saturating_add(self.fresh.load(Ordering::Acquire)),
+        )
     }
 }
 
@@ -113,15 +128,15 @@ mod tests {
         // One of them ends before the next report: it stops counting.
         e.on_ended(a);
         assert_eq!(e.merged(), Some(41));
-        // The first request ends: it is the report's, not added, so its end
-        // takes nothing off.
+        // The first request ends: it is in the report, so it comes off the
+        // report (it is not someone else's request still running).
         e.on_ended(first);
-        assert_eq!(e.merged(), Some(41));
+        assert_eq!(e.merged(), Some(40));
         // The next report holds the one still running: not added again, and
-        // its end is the report's business too.
-        e.record(41);
+        // its end takes it off that report.
+        e.record(40);
         e.on_ended(b);
-        assert_eq!(e.merged(), Some(41));
+        assert_eq!(e.merged(), Some(39));
         e.forget();
         assert_eq!((e.reported(), e.merged()), (None, None));
         e.record(3);
