@@ -116,8 +116,6 @@ pub struct PrefixMatch {
 pub struct ApplyOutcome {
     /// How the sequence number related to the last one.
     pub seq: SeqStatus,
-    /// Whether the batch's events were applied (not for a duplicate).
-    pub applied: bool,
     /// The rank's trust after the batch.
     pub untrusted: Option<Untrusted>,
 }
@@ -184,26 +182,23 @@ impl<W: Eq + Hash + Clone> KvIndex<W> {
     }
 
     /// Apply a batch that arrived with sequence number `seq` on the
-    /// publisher of (`worker`, `rank`): a duplicate is dropped, a restart
-    /// empties the rank first, a gap marks it untrusted.
+    /// publisher of (`worker`, `rank`): a restart empties the rank first, a gap (within a run, or the first batches of
+    /// a restarted one) marks it untrusted.
     pub fn apply(&mut self, worker: &W, rank: u32, seq: i64, batch: &EventBatch) -> ApplyOutcome {
         let status = self.state_mut(worker, rank).seq.observe(seq);
         match status {
-            SeqStatus::Duplicate => {
-                return ApplyOutcome {
-                    seq: status,
-                    applied: false,
-                    untrusted: self.untrusted(worker, rank),
+            SeqStatus::Restart { missed } => {
+                self.clear_rank(worker, rank);
+                if missed > 0 {
+                    self.state_mut(worker, rank).untrusted = Some(Untrusted::Gap);
                 }
             }
-            SeqStatus::Restart => self.clear_rank(worker, rank),
             SeqStatus::Gap { .. } => self.state_mut(worker, rank).untrusted = Some(Untrusted::Gap),
             SeqStatus::First | SeqStatus::InOrder => {}
         }
         self.apply_events(worker, rank, &batch.events);
         ApplyOutcome {
             seq: status,
-            applied: true,
             untrusted: self.untrusted(worker, rank),
         }
     }

@@ -19,10 +19,18 @@ pub enum SeqStatus {
         /// How many were skipped.
         missed: u64,
     },
-    /// The same number as the last again (at-least-once delivery): ignore.
-    Duplicate,
-    /// Lower than the last: the publisher restarted and its cache is new.
-    Restart,
+    /// Lower than the last, or the same again: the publisher restarted and
+    /// its cache is new. (A PUB/SUB stream never repeats a message, and
+    /// this crate's replays ask only for numbers not yet seen, so the same
+    /// number twice is a new process that got as far, e.g. a worker that
+    /// restarted after publishing only its batch 0.)
+    /// The new process counts from 0, so a first number above 0 means its
+    /// first `missed` batches were never seen (a replay from 0 can recover
+    /// them).
+    Restart {
+        /// Batches of the new process skipped before this one.
+        missed: u64,
+    },
 }
 
 /// The last sequence number seen from one publisher.
@@ -42,12 +50,13 @@ impl SeqTracker {
         self.last
     }
 
-    /// Classify `seq` and remember it (a duplicate changes nothing).
+    /// Classify `seq` and remember it.
     pub fn observe(&mut self, seq: i64) -> SeqStatus {
         let status = match self.last {
             None => SeqStatus::First,
-            Some(last) if seq == last => SeqStatus::Duplicate,
-            Some(last) if seq < last => SeqStatus::Restart,
+            Some(last) if seq <= last => SeqStatus::Restart {
+                missed: u64::try_from(seq).unwrap_or(0),
+            },
             Some(last) => {
                 // seq > last here, so the difference is positive; i128 keeps
                 // it exact across the whole i64 range.
@@ -75,15 +84,20 @@ mod tests {
         let mut t = SeqTracker::new();
         assert_eq!(t.observe(0), SeqStatus::First);
         assert_eq!(t.observe(1), SeqStatus::InOrder);
-        assert_eq!(t.observe(1), SeqStatus::Duplicate);
-        assert_eq!(t.observe(5), SeqStatus::Gap { missed: 3 });
+        assert_eq!(t.observe(1), SeqStatus::Restart { missed: 1 });
+        assert_eq!(t.observe(2), SeqStatus::InOrder);
+        assert_eq!(t.observe(5), SeqStatus::Gap { missed: 2 });
         assert_eq!(t.last(), Some(5));
-        assert_eq!(t.observe(0), SeqStatus::Restart);
+        assert_eq!(t.observe(0), SeqStatus::Restart { missed: 0 });
         assert_eq!(t.observe(1), SeqStatus::InOrder);
+        assert_eq!(t.observe(7), SeqStatus::Gap { missed: 5 });
+        // Back to 2: a new process whose batches 0 and 1 were lost.
+        assert_eq!(t.observe(2), SeqStatus::Restart { missed: 2 });
+        assert_eq!(t.observe(3), SeqStatus::InOrder);
         assert_eq!(
             t.observe(i64::MAX),
             SeqStatus::Gap {
-                missed: (i64::MAX - 2) as u64
+                missed: (i64::MAX - 4) as u64
             }
         );
     }

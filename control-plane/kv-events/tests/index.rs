@@ -116,11 +116,18 @@ fn gap_untrusts_restart_and_clear_reset() {
     idx.apply(&"w", 0, 7, &batch(vec![store(&[], &tokens[..12], None)]));
     // First seen mid-stream: still trusted (only removals can mislead).
     assert_eq!(idx.cached_tokens(&"w", 0, &hashes), Some(12));
-    let dup = idx.apply(&"w", 0, 7, &batch(vec![KvEvent::AllBlocksCleared]));
-    assert_eq!((dup.seq, dup.applied), (SeqStatus::Duplicate, false));
+    // The same seq again is a new process that numbered as far (PUB/SUB
+    // never repeats a message): the rank is emptied, and its first 7
+    // batches were missed.
+    let again = idx.apply(&"w", 0, 7, &batch(vec![store(&[], &tokens[..4], None)]));
+    assert_eq!(again.seq, SeqStatus::Restart { missed: 7 });
+    assert_eq!(again.untrusted, Some(Untrusted::Gap));
+    assert_eq!(idx.blocks(&"w", 0), 1);
+    idx.apply(&"w", 0, 8, &batch(vec![KvEvent::AllBlocksCleared]));
+    idx.apply(&"w", 0, 9, &batch(vec![store(&[], &tokens[..12], None)]));
     assert_eq!(idx.blocks(&"w", 0), 3);
 
-    let gap = idx.apply(&"w", 0, 10, &batch(vec![]));
+    let gap = idx.apply(&"w", 0, 12, &batch(vec![]));
     assert_eq!(gap.seq, SeqStatus::Gap { missed: 2 });
     assert_eq!(gap.untrusted, Some(Untrusted::Gap));
     assert_eq!(idx.cached_tokens(&"w", 0, &hashes), None);
@@ -129,7 +136,7 @@ fn gap_untrusts_restart_and_clear_reset() {
 
     // The publisher restarts: seq back to 0, state emptied and trusted.
     let restart = idx.apply(&"w", 0, 0, &batch(vec![store(&[], &tokens[..4], None)]));
-    assert_eq!(restart.seq, SeqStatus::Restart);
+    assert_eq!(restart.seq, SeqStatus::Restart { missed: 0 });
     assert_eq!(restart.untrusted, None);
     assert_eq!(idx.cached_tokens(&"w", 0, &hashes), Some(4));
     assert_eq!(idx.total_blocks(), 1);

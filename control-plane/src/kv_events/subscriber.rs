@@ -181,10 +181,16 @@ async fn apply(rank: Rank, tuning: Tuning, mut rx: mpsc::Receiver<Vec<Vec<u8>>>)
         if let Some(prev) = last {
             if seq > prev.saturating_add(1) {
                 fill_gap(&rank, &tuning, prev, seq).await;
-            } else if seq < prev {
-                // A restart empties the rank; drops before it no longer
-                // matter.
+            } else if seq <= prev {
+                // A restart (the same seq again is one too: PUB/SUB never
+                // repeats a message) empties the rank; drops before it no
+                // longer matter. The new process counts from 0: a first
+                // batch above 0 means its first ones were missed, which its
+                // replay buffer may still hold.
                 rank.dropped.store(false, Ordering::Release);
+                if seq > 0 {
+                    fill_gap(&rank, &tuning, -1, seq).await;
+                }
             }
         }
         if !rank.edit(|i| {
@@ -197,7 +203,8 @@ async fn apply(rank: Rank, tuning: Tuning, mut rx: mpsc::Receiver<Vec<Vec<u8>>>)
     }
 }
 
-/// Batches `prev+1..seq` were missed: replay them into the index when the
+/// Batches `prev+1..seq` were missed (`prev` is -1 when a restarted
+/// publisher's first batches were): replay them into the index when the
 /// publisher still has them. Otherwise the live batch's gap marks the rank
 /// untrusted when it is applied.
 async fn fill_gap(rank: &Rank, tuning: &Tuning, prev: i64, seq: i64) {
