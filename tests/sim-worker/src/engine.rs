@@ -369,7 +369,10 @@ mod tests {
         assert_eq!(q.cached_tokens, 0);
         drop(q);
         e.restart_kv();
-        assert_eq!(e.prefill(1, &tokenize("abcdefgh"), 1).await.cached_tokens, 0);
+        assert_eq!(
+            e.prefill(1, &tokenize("abcdefgh"), 1).await.cached_tokens,
+            0
+        );
     }
 
     #[tokio::test]
