@@ -359,6 +359,35 @@ async fn garbage_marks_nothing_live_and_the_subscriber_survives() {
     assert!(!h.task.is_finished());
 }
 
+/// A worker whose `/server_info` answers `info`, registered, and a
+/// subscriber (not yet following the registry).
+async fn worker_serving_info(
+    info: serde_json::Value,
+) -> (
+    tokio::task::JoinHandle<std::io::Result<()>>,
+    Arc<Registry>,
+    String,
+    Arc<KvEvents>,
+) {
+    let app = axum::Router::new().route(
+        "/server_info",
+        axum::routing::get(move || {
+            let info = info.clone();
+            async move { axum::Json(info) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http: SocketAddr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let registry = Arc::new(Registry::default());
+    registry
+        .add(WorkerAddress::from(http), WorkerSpec::REGULAR, None::<u32>)
+        .unwrap();
+    let base = registry.all()[0].base_url.clone();
+    let kv = KvEvents::new(KvEventsOptions::default(), reqwest::Client::new());
+    (server, registry, base, kv)
+}
+
 #[tokio::test]
 async fn discovery_from_server_info_and_removal_drop_the_worker() {
     // The PUB the worker "advertises", bound on all interfaces as SGLang's
@@ -375,23 +404,7 @@ async fn discovery_from_server_info_and_removal_drop_the_worker() {
             "topic": TOPIC, "block_size": 4, "dp_size": 1
         }
     });
-    let app = axum::Router::new().route(
-        "/server_info",
-        axum::routing::get(move || {
-            let info = info.clone();
-            async move { axum::Json(info) }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http: SocketAddr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-
-    let registry = Arc::new(Registry::default());
-    registry
-        .add(WorkerAddress::from(http), WorkerSpec::REGULAR, None::<u32>)
-        .unwrap();
-    let base = registry.all()[0].base_url.clone();
-    let kv = KvEvents::new(KvEventsOptions::default(), reqwest::Client::new());
+    let (server, registry, base, kv) = worker_serving_info(info).await;
     let follower = tokio::spawn(kv.clone().run(registry.clone()));
 
     let frames = pub_frames(TOPIC.as_bytes(), 0, &payload(vec![stored(&[11, 12])])).to_vec();
@@ -434,21 +447,8 @@ async fn discovery_from_server_info_and_removal_drop_the_worker() {
 
 #[tokio::test]
 async fn a_worker_advertising_nothing_is_not_subscribed() {
-    let app = axum::Router::new().route(
-        "/server_info",
-        axum::routing::get(|| async {
-            axum::Json(serde_json::json!({"dp_size": 1, "kv_events": null}))
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http: SocketAddr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let registry = Arc::new(Registry::default());
-    registry
-        .add(WorkerAddress::from(http), WorkerSpec::REGULAR, None::<u32>)
-        .unwrap();
-    let base = registry.all()[0].base_url.clone();
-    let kv = KvEvents::new(KvEventsOptions::default(), reqwest::Client::new());
+    let (server, registry, base, kv) =
+        worker_serving_info(serde_json::json!({"dp_size": 1, "kv_events": null})).await;
     kv.sync(&registry.all());
     until("discovery", || {
         kv.view(&base).is_some_and(|v| v.discovery != "pending")

@@ -17,6 +17,7 @@
 //! the first lets workers that advertise nothing (older releases) be
 //! subscribed too.
 
+use crate::workers::{ask_server_info, DiscoveryError};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -151,41 +152,13 @@ pub fn resolve(
     })
 }
 
-/// Where SGLang serves its server info, newest first (`/server_info` since
-/// 0.5.6; `/get_server_info` deprecated but kept).
-const PATHS: [&str; 2] = ["/server_info", "/get_server_info"];
-
-/// Why the server info could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum InfoError {
-    /// Neither path answered with JSON.
-    #[error("no server info: {0}")]
-    Http(String),
-}
-
-/// The worker's server info as JSON.
+/// The worker's server info as JSON (the first path that answers JSON).
 pub async fn fetch_server_info(
     client: &reqwest::Client,
     base_url: &str,
     timeout: std::time::Duration,
-) -> Result<Value, InfoError> {
-    let mut last = String::new();
-    for path in PATHS {
-        let answer = client
-            .get(format!("{base_url}{path}"))
-            .timeout(timeout)
-            .send()
-            .await
-            .and_then(|r| r.error_for_status());
-        match answer {
-            Ok(r) => match r.json::<Value>().await {
-                Ok(v) => return Ok(v),
-                Err(e) => last = crate::workers::error_chain(&e),
-            },
-            Err(e) => last = crate::workers::error_chain(&e),
-        }
-    }
-    Err(InfoError::Http(last))
+) -> Result<Value, DiscoveryError> {
+    ask_server_info(client, base_url, timeout, |v| Some(v.clone())).await
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ pub enum DiscoveryError {
     /// The worker did not answer.
     #[error("request failed: {0}")]
     Http(#[from] reqwest::Error),
-    /// It answered, but not with a usable `dp_size`.
-    #[error("neither /server_info nor /get_server_info reports a dp_size")]
+    /// It answered, but not with what was asked (a usable `dp_size`).
+    #[error("neither /server_info nor /get_server_info reports what was asked")]
     Missing,
 }
 
@@ -56,6 +56,19 @@ async fn server_info_within(
     base_url: &str,
     timeout: std::time::Duration,
 ) -> Result<ServerInfo, DiscoveryError> {
+    ask_server_info(client, base_url, timeout, read).await
+}
+
+/// The first of the server info paths whose JSON answer `read` makes
+/// something of, each question taking at most `timeout`: what every part
+/// that asks a worker about itself (its DP size and model here, its
+/// KV-event publisher in `kv_events`) shares.
+pub async fn ask_server_info<T>(
+    client: &reqwest::Client,
+    base_url: &str,
+    timeout: std::time::Duration,
+    read: impl Fn(&serde_json::Value) -> Option<T>,
+) -> Result<T, DiscoveryError> {
     let mut last = DiscoveryError::Missing;
     for path in PATHS {
         let answer = client

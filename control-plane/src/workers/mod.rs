@@ -8,7 +8,9 @@ mod health;
 mod load_monitor;
 
 pub use client::{error_chain, worker_client, WorkerClientError, WorkerTls};
-pub use discovery::{served_model, server_facts, server_info, DiscoveryError, ServerInfo};
+pub use discovery::{
+    ask_server_info, served_model, server_facts, server_info, DiscoveryError, ServerInfo,
+};
 pub use health::{HealthChecker, HealthOptions};
 pub use load_monitor::LoadMonitor;
 pub use sglang_envoy_core::workers::*;
