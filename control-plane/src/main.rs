@@ -213,7 +213,8 @@ impl ControlPlane {
             "router built"
         );
         let kv_events = args
-            .kv_events_options()
+            .kv_events
+            .options()
             .map(|o| KvEvents::new(o, worker_client.clone()));
         Ok(ControlPlane {
             engine,

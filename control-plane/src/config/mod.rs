@@ -10,6 +10,7 @@ use sglang_envoy_core::policy;
 pub use sglang_envoy_core::policy::{AssignmentMode, PolicyKind};
 
 pub use auth_flags::AuthFlags;
+pub use kv_events_flags::KvEventsFlags;
 pub use smg_policy_flags::SmgPolicyFlags;
 pub use tenant_flags::TenantFlags;
 
@@ -146,26 +147,9 @@ pub struct Args {
     #[arg(long)]
     pub disable_load_monitoring: bool,
 
-    /// Do not subscribe to any worker's KV cache events (docs/kv-events.md).
-    #[arg(long)]
-    pub disable_kv_events: bool,
-    /// TCP port of every worker's KV-event PUB socket for DP rank 0 (rank r
-    /// publishes on this + r), overriding `endpoint_port_base` of the
-    /// `kv_events` object SGLang advertises in `/server_info`; with it,
-    /// workers that advertise nothing are subscribed too, at their URL's
-    /// host. SGLang's `--kv-events-config` key: `endpoint`.
-    #[arg(long, value_name = "PORT")]
-    pub kv_events_endpoint_port: Option<u16>,
-    /// TCP port of every worker's replay ROUTER for DP rank 0 (rank r adds
-    /// r), overriding the advertised `replay_endpoint_port_base`; asked for
-    /// missed batches when a sequence gap shows. SGLang's key:
-    /// `replay_endpoint`.
-    #[arg(long, value_name = "PORT")]
-    pub kv_events_replay_endpoint_port: Option<u16>,
-    /// ZMQ topic to subscribe to (a prefix of the publisher's topic),
-    /// overriding the advertised `topic`. SGLang's key: `topic`.
-    #[arg(long, value_name = "TOPIC")]
-    pub kv_events_topic: Option<String>,
+    /// The KV-event subscriber's flags.
+    #[command(flatten)]
+    pub kv_events: KvEventsFlags,
 
     /// Prefix match rate (0..1) above which cache_aware sends a request to the
     /// worker holding the longest match.
@@ -611,6 +595,7 @@ pub fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
 }
 
 mod auth_flags;
+mod kv_events_flags;
 mod options;
 mod smg_policy_flags;
 mod tenant_files;

@@ -6,7 +6,6 @@ use std::time::Duration;
 use super::tenant_files::TenantConfigError;
 use super::Args;
 use crate::admission::AdmissionOptions;
-use crate::kv_events::{KvEventsOptions, Overrides};
 use crate::retry::RetryOptions;
 use crate::workers::probe_schedule::ProbePlan;
 use crate::workers::{CircuitConfig, HealthOptions, WorkerTls};
@@ -97,18 +96,6 @@ impl Args {
             success_threshold: self.health_success_threshold,
             disabled: self.disable_health_check,
         }
-    }
-
-    /// How the KV-event subscriber runs; `None` with `--disable-kv-events`.
-    pub fn kv_events_options(&self) -> Option<KvEventsOptions> {
-        (!self.disable_kv_events).then(|| KvEventsOptions {
-            overrides: Overrides {
-                endpoint_port: self.kv_events_endpoint_port,
-                replay_endpoint_port: self.kv_events_replay_endpoint_port,
-                topic: self.kv_events_topic.clone(),
-            },
-            ..KvEventsOptions::default()
-        })
     }
 
     /// How often the workers' load reports are read; `None` when off.
