@@ -1,4 +1,7 @@
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use dashmap::DashMap;
 
 use super::{lowest_at_random, matched_lens, CacheOutcome, Policy, RouteInput, Selection};
 use crate::tree::Tree;
@@ -71,6 +74,10 @@ impl Default for CostAwareConfig {
 pub struct CostAware {
     config: CostAwareConfig,
     tree: Tree,
+    /// Decisions made so far: the clock of `last_chosen`.
+    decisions: AtomicU64,
+    /// When each worker (by tree tenant) was last chosen, on that clock.
+    last_chosen: DashMap<u32, u64>,
 }
 
 impl CostAware {
@@ -79,9 +86,37 @@ impl CostAware {
         CostAware {
             config,
             tree: Tree::new(),
+            decisions: AtomicU64::new(0),
+            last_chosen: DashMap::new(),
         }
     }
 
+    /// A prompt every worker holds about the same amount of (none, or a
+    /// template's opening words: within [`CostAwareConfig::min_match`],
+    /// under a KV page) is pure balancing: its prefill costs about the same
+    /// everywhere. The work in flight is then a poor guide, since
+    /// it cannot tell a request still prefilling from one decoding (the
+    /// prefill lane is free behind it); the fewest requests in flight, and
+    /// among those the worker chosen longest ago (whose requests are the
+    /// oldest, most likely past their prefill), is a better one. Key of
+    /// each worker, lowest wins.
+    fn cold_keys(&self, workers: &[Arc<Worker>]) -> Vec<(u64, usize)> {
+        workers
+            .iter()
+            .map(|w| {
+                let last = self.last_chosen.get(&w.tenant).map_or(0, |t| *t);
+                (w.routing_load() as u64, last as usize)
+            })
+            .collect()
+    }
+
+    /// Requests in flight are priced by `load(w)`, the worker's
+    /// [`Worker::routing_load`]: requests its engine reports that this
+    /// router did not send (another router's, or sent to it directly) cost
+    /// `per_request_cost` each, as a request of this router's does beyond
+    /// its work. Pricing them at the mean work of this router's requests
+    /// was measured worse with two routers in front of one fleet
+    /// (docs/cost-aware-policy.md).
     fn cost(&self, w: &Worker, uncached: u64) -> u64 {
         let queued = (w.pending_work() as f64 * self.config.queue_weight) as u64;
         uncached
@@ -108,11 +143,17 @@ impl Policy for CostAware {
         };
         // Lowest (cost, load) wins; among equals the smaller tree, then at
         // random. Tree sizes are read only for the tied few.
-        let keys: Vec<(u64, usize)> = workers
-            .iter()
-            .zip(&matched)
-            .map(|(w, &m)| (self.cost(w, len.saturating_sub(m as u64)), w.routing_load()))
-            .collect();
+        let spread = matched.iter().max().zip(matched.iter().min());
+        let keys: Vec<(u64, usize)> =
+            if spread.is_none_or(|(hi, lo)| hi - lo < self.config.min_match) {
+                self.cold_keys(workers)
+            } else {
+                workers
+                    .iter()
+                    .zip(&matched)
+                    .map(|(w, &m)| (self.cost(w, len.saturating_sub(m as u64)), w.routing_load()))
+                    .collect()
+            };
         let best = keys.iter().copied().min().unwrap_or_default();
         let tied: Vec<usize> = (0..keys.len()).filter(|&i| keys[i] == best).collect();
         let index = if tied.len() > 1 {
@@ -125,8 +166,10 @@ impl Policy for CostAware {
             tied.first().copied().unwrap_or(0)
         };
         let held = matched.get(index).copied().unwrap_or(0);
-        if !text.is_empty() {
-            if let Some(w) = workers.get(index) {
+        if let Some(w) = workers.get(index) {
+            let now = self.decisions.fetch_add(1, Ordering::Relaxed) + 1;
+            self.last_chosen.insert(w.tenant, now);
+            if !text.is_empty() {
                 self.tree.insert(text, w.tenant);
             }
         }
@@ -143,11 +186,14 @@ impl Policy for CostAware {
 
     fn on_removed(&self, worker: &Worker) {
         self.tree.remove_tenant(worker.tenant);
+        self.last_chosen.remove(&worker.tenant);
     }
 
     fn maintain(&self, registered: &[Arc<Worker>]) {
         self.tree
             .retain_tenants(|t| registered.iter().any(|w| w.tenant == t));
+        self.last_chosen
+            .retain(|t, _| registered.iter().any(|w| w.tenant == *t));
         self.tree.evict_to(self.config.max_tree_size);
     }
 }
@@ -234,5 +280,82 @@ mod tests {
         let next = pick(&p, &ws, &format!("{system} q11"));
         assert_eq!(next.index, moved.index);
         assert!(next.work <= 3);
+    }
+
+    #[test]
+    fn cold_prompts_on_an_even_fleet_go_to_the_worker_chosen_longest_ago() {
+        // Prompts nobody holds, of very different sizes, each ended before
+        // the next: the fleet is even, and the worker chosen longest ago
+        // takes the next one, so every 3 in a row use 3 workers (by tree
+        // size, the small prompts would follow each other to one worker).
+        let p = policy();
+        let ws = workers(3);
+        let mut order = Vec::new();
+        for i in 0..12 {
+            let len = if i % 3 == 0 { 3000 } else { 40 };
+            let (s, sent) = pick_sent(&p, &ws, &format!("{i:03} {}", "x".repeat(len)));
+            assert_eq!(s.cache, CacheOutcome::Miss);
+            ws[s.index].finish(s.work, sent);
+            order.push(s.index);
+        }
+        for w in order.windows(3) {
+            assert!(w[0] != w[1] && w[1] != w[2] && w[0] != w[2], "{order:?}");
+        }
+    }
+
+    #[test]
+    fn a_cold_prompt_goes_to_the_fewest_requests_in_flight() {
+        let p = policy();
+        let ws = workers(3);
+        // Two requests in flight on one worker, one on another.
+        let (a, _) = pick_sent(&p, &ws, &format!("a {}", "x".repeat(100)));
+        let (b, _) = pick_sent(&p, &ws, &format!("b {}", "x".repeat(100)));
+        ws[a.index].start(10);
+        let idle = (0..3).find(|&i| i != a.index && i != b.index).unwrap_or(0);
+        let next = pick(&p, &ws, &format!("c {}", "x".repeat(100)));
+        assert_eq!(next.index, idle);
+    }
+
+    #[test]
+    fn prompts_that_share_only_a_template_head_everywhere_are_balanced_by_count() {
+        // Every worker holds the same 40-byte head (a chat template's
+        // opening words): the prompts cost the same everywhere, so they are
+        // spread as cold ones are.
+        let p = policy();
+        let ws = workers(3);
+        let head = "system\nYou are the assistant of the user ";
+        for (i, w) in ws.iter().enumerate() {
+            p.tree.insert(format!("{head}{i}").as_bytes(), w.tenant);
+        }
+        let mut order = Vec::new();
+        for i in 0..9 {
+            let len = if i % 3 == 0 { 3000 } else { 40 };
+            let (s, sent) = pick_sent(&p, &ws, &format!("{head}{i:03} {}", "x".repeat(len)));
+            ws[s.index].finish(s.work, sent);
+            order.push(s.index);
+        }
+        for w in order.windows(3) {
+            assert!(w[0] != w[1] && w[1] != w[2] && w[0] != w[2], "{order:?}");
+        }
+    }
+
+    #[test]
+    fn requests_the_engine_reports_from_elsewhere_count_as_load() {
+        let p = policy();
+        let ws = workers(2);
+        // This router's first request, 1000 bytes, in flight on one worker.
+        let (s, _sent) = pick_sent(&p, &ws, &"a".repeat(1000));
+        let busy = s.index;
+        let other = 1 - busy;
+        // The other worker's engine reports 40 requests this router never
+        // sent (a batch job calling it directly): a distinct prompt goes to
+        // the worker this router loaded instead.
+        ws[other].engine.record(40);
+        let next = pick(&p, &ws, &"b".repeat(1000));
+        assert_eq!(next.index, busy, "40 foreign requests outweigh 1 own");
+        // Without the report the idle-looking worker wins.
+        ws[other].engine.forget();
+        let again = pick(&p, &ws, &"c".repeat(1000));
+        assert_eq!(again.index, other);
     }
 }
