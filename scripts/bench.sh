@@ -16,7 +16,8 @@
 # (contenders whose label contains one of these), --shapes NAME[,NAME]
 # (scenario 2's shapes whose name contains one), --out FILE, --update (with
 # --scenarios quality: replace scenario 2 and its goals in docs/benchmarks.md,
-# keeping the rest, which says which run it came from).
+# keeping the rest, which says which run it came from), --seeds N and
+# --held-out-seeds N (scenario 2 with only the first N of each seed list).
 # Every parameter is in tests/bench/src/params.rs.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -35,6 +36,8 @@ only=""
 out=""
 update=0
 shapes=""
+seeds=""
+held_out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -46,6 +49,8 @@ while [ $# -gt 0 ]; do
     --out=*) out="${1#*=}" ;;
     --update) update=1 ;;
     --shapes) shapes="$2"; shift ;;
+    --seeds) seeds="$2"; shift ;;
+    --held-out-seeds) held_out="$2"; shift ;;
     -h|--help) sed -n '2,/^# Every parameter/p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -91,6 +96,8 @@ args=(--scenarios "$scenarios" --run-dir "$RUN_DIR" --out "$out" --peer-python "
 [ -n "$only" ] && args+=(--only "$only")
 [ "$update" = 1 ] && args+=(--update "$ROOT/docs/benchmarks.md")
 [ -n "$shapes" ] && args+=(--shapes "$shapes")
+[ -n "$seeds" ] && args+=(--seeds "$seeds")
+[ -n "$held_out" ] && args+=(--held-out-seeds "$held_out")
 
 if [[ ",$scenarios," == *",engine,"* ]]; then
   export SGLANG_BENCH_QUICK="$quick"

@@ -79,6 +79,13 @@ struct Cli {
     /// earlier full run), keeping everything else.
     #[arg(long)]
     update: Option<PathBuf>,
+    /// Scenario 2: run each cell with only the first N in-sample seeds
+    /// (default: all of them), to fit a matrix into a shorter run.
+    #[arg(long)]
+    seeds: Option<usize>,
+    /// Scenario 2: run only the first N held-out seeds (default: all).
+    #[arg(long)]
+    held_out_seeds: Option<usize>,
 }
 
 fn output(cmd: &str, args: &[&str]) -> Option<String> {
@@ -161,6 +168,12 @@ fn run_info(cli: &Cli, paths: &Paths) -> RunInfo {
     if cli.quick {
         command.push_str(" --quick");
     }
+    if let Some(n) = cli.seeds {
+        command.push_str(&format!(" --seeds {n}"));
+    }
+    if let Some(n) = cli.held_out_seeds {
+        command.push_str(&format!(" --held-out-seeds {n}"));
+    }
     RunInfo {
         profile: if cli.quick { "quick" } else { "full" }.into(),
         date: output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(unknown),
@@ -240,7 +253,13 @@ fn save<T: serde::Serialize>(dir: &Path, name: &str, v: &T) -> anyhow::Result<()
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let paths = paths(&cli)?;
-    let profile = Profile::select(cli.quick);
+    let mut profile = Profile::select(cli.quick);
+    if let Some(n) = cli.seeds {
+        profile.quality.seeds = n.clamp(1, profile.quality.seeds.max(1));
+    }
+    if let Some(n) = cli.held_out_seeds {
+        profile.quality.held_out_seeds = n.min(profile.quality.held_out_seeds);
+    }
     let keep = |c: &&sglang_envoy_bench::params::Contender| {
         cli.only.is_empty()
             || **c == sglang_envoy_bench::params::Contender::Direct
