@@ -351,7 +351,15 @@ async fn garbage_marks_nothing_live_and_the_subscriber_survives() {
     }
     assert_eq!(h.last_seq(), -1, "no garbage was applied");
     assert_eq!(h.blocks(), 0);
-    assert!(h.index.read().match_all(&[1]).is_empty(), "no rank known");
+    // Known since the subscription, and holding nothing.
+    let held: Vec<_> = h
+        .index
+        .read()
+        .match_all(&[1])
+        .into_iter()
+        .map(|(_, _, m)| m.map(|m| m.device_tokens))
+        .collect();
+    assert_eq!(held, [Some(0)]);
     // Still subscribed: a real batch after all that is applied.
     h.send_first(0, vec![stored(&[1, 2, 3])]).await;
     assert_eq!(h.blocks(), 3);

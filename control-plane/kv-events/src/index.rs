@@ -99,6 +99,8 @@ struct RankState {
     blocks: HashMap<i64, Block>,
     seq: SeqTracker,
     untrusted: Option<Untrusted>,
+    /// Tokens per block, from the last store (SGLang's `--page-size`).
+    page_size: Option<u32>,
 }
 
 /// How much of a prompt's page chain a rank holds, in tokens.
@@ -158,6 +160,37 @@ impl<W: Eq + Hash + Clone> KvIndex<W> {
         Q: Hash + Eq + ?Sized,
     {
         self.rank(worker, rank).map_or(0, |r| r.blocks.len())
+    }
+
+    /// Tokens per block of one rank, once it has stored a block.
+    pub fn page_size<Q>(&self, worker: &Q, rank: u32) -> Option<usize>
+    where
+        W: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.rank(worker, rank)?.page_size.map(|p| p as usize)
+    }
+
+    /// The ranks of `worker` the index knows, in order.
+    pub fn ranks<Q>(&self, worker: &Q) -> Vec<u32>
+    where
+        W: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let mut ranks: Vec<u32> = self
+            .workers
+            .get(worker)
+            .map(|r| r.keys().copied().collect())
+            .unwrap_or_default();
+        ranks.sort_unstable();
+        ranks
+    }
+
+    /// Makes a rank known (empty and trusted if it was not known): a
+    /// subscriber calls this once subscribed, so a worker with nothing
+    /// cached yet, which publishes nothing, is known to hold nothing.
+    pub fn open_rank(&mut self, worker: &W, rank: u32) {
+        self.state_mut(worker, rank);
     }
 
     /// Why a rank is untrusted, if it is.
@@ -255,6 +288,7 @@ impl<W: Eq + Hash + Clone> KvIndex<W> {
         let limits = self.limits;
         let mut total = self.total_blocks;
         let state = self.state_mut(worker, rank);
+        state.page_size = Some(s.block_size);
         let mut parent = s.parent_block_hash;
         for &h in &s.block_hashes {
             if let Some(b) = state.blocks.get_mut(&h) {

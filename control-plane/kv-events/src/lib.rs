@@ -45,5 +45,6 @@ pub use decode::decode_batch;
 pub use encode::{encode_batch, Layout};
 pub use error::{DecodeError, FrameError, HashError};
 pub use event::{BlockRemoved, BlockStored, EventBatch, KvEvent, TokenIds};
+pub use hash::{block_hashes, ChainStart};
 pub use index::{ApplyOutcome, IndexLimits, KvIndex, PrefixMatch, Untrusted};
 pub use seq::{SeqStatus, SeqTracker};

@@ -87,8 +87,9 @@ impl WorkerStatus {
 pub struct RankView {
     /// The DP rank.
     pub rank: u32,
-    /// `live` (events applied, view trusted), `untrusted` (events missed:
-    /// not used until a restart or a cache flush) or `none` (no batch yet).
+    /// `live` (subscribed and trusted: routed on, as holding nothing
+    /// until its first store), `untrusted` (events missed: not used until
+    /// a restart or a cache flush) or `none` (not subscribed yet).
     pub state: &'static str,
     /// Why the rank is untrusted: `gap`, `overflow` or `unknown_event`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -126,6 +127,14 @@ pub struct WorkerKvView {
     pub replay_endpoint: Option<String>,
     /// Every subscribed rank is live.
     pub live: bool,
+    /// What the policies route this worker on: `events` (live, with a
+    /// tokenizer, and its self-check agreeing) or `tree`.
+    pub routing: &'static str,
+    /// Self-check: answers whose reported cached tokens were compared with
+    /// the prediction, and how many agreed.
+    pub checked: u64,
+    /// See `checked`.
+    pub agreed: u64,
     /// Blocks held over all ranks.
     pub blocks: usize,
     /// Per rank.
@@ -167,10 +176,13 @@ pub fn view(status: &WorkerStatus, index: &RwLock<KvIndex<String>>) -> WorkerKvV
         .map(|r| {
             let last = r.last_seq.load(Ordering::Relaxed);
             let untrusted = idx.untrusted(status.base_url.as_str(), r.rank);
-            let state = match (last, untrusted) {
-                (l, _) if l < 0 => "none",
+            // Known once subscribed (or a batch applied): routed on from
+            // then on, as holding nothing until its first store.
+            let known = last >= 0 || idx.ranks(status.base_url.as_str()).contains(&r.rank);
+            let state = match (known, untrusted) {
+                (false, _) => "none",
                 (_, Some(_)) => "untrusted",
-                (_, None) => "live",
+                (true, None) => "live",
             };
             RankView {
                 rank: r.rank,
@@ -194,6 +206,10 @@ pub fn view(status: &WorkerStatus, index: &RwLock<KvIndex<String>>) -> WorkerKvV
         endpoint,
         replay_endpoint,
         live: !ranks.is_empty() && ranks.iter().all(|r| r.state == "live"),
+        // Set by the caller that knows the engine (see `admin::workers`).
+        routing: "tree",
+        checked: 0,
+        agreed: 0,
         blocks: ranks.iter().map(|r| r.blocks).sum(),
         ranks,
     }

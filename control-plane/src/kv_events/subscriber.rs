@@ -126,6 +126,9 @@ async fn read(rank: Rank, tuning: Tuning, tx: mpsc::Sender<Vec<Vec<u8>>>) {
         }
         info!(worker = %rank.worker, rank = rank.rank, endpoint = %rank.endpoint, "KV events: subscribed");
         rank.status.subscribed.store(true, Ordering::Relaxed);
+        // Known from now on: a worker with an empty cache publishes
+        // nothing, and holds nothing.
+        rank.edit(|i| i.open_rank(&rank.worker, rank.rank));
         backoff.reset();
         // The socket reconnects by itself when the publisher restarts; an
         // error here means the socket itself gave up, so build a new one.
