@@ -41,6 +41,9 @@ pub struct Counted {
     pub plan: Vec<Arc<Worker>>,
     /// PD: the prefill half sent for the request.
     pub prefill: Option<PrefillHandle>,
+    /// The cached tokens the worker is expected to report, predicted from
+    /// its KV events (checked against its report at the end).
+    pub predicted_cached: Option<u64>,
 }
 
 /// The prefill half of a PD request, sent by a task: its outcome once
@@ -97,6 +100,7 @@ impl Counted {
             routing_key,
             plan: Vec::new(),
             prefill: None,
+            predicted_cached: None,
         }
     }
 
@@ -109,6 +113,12 @@ impl Counted {
     /// The same, with the attempt plan whose outcomes its end attributes.
     pub fn with_plan(mut self, plan: Vec<Arc<Worker>>) -> Counted {
         self.plan = plan;
+        self
+    }
+
+    /// This request, expected to find `tokens` cached on its worker.
+    pub fn with_prediction(mut self, tokens: Option<u64>) -> Counted {
+        self.predicted_cached = tokens;
         self
     }
 }

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use super::{least_loaded, matched_lens, CacheOutcome, Policy, RouteInput, Selection};
+use super::{least_loaded, matched_lens, with_exact, CacheOutcome, Policy, RouteInput, Selection};
 use crate::tree::Tree;
 use crate::workers::Worker;
 
@@ -50,7 +50,8 @@ impl CacheAware {
             && max as f32 > min as f32 * self.config.balance_rel_threshold
     }
 
-    fn choose(&self, workers: &[Arc<Worker>], text: &[u8]) -> (usize, CacheOutcome) {
+    fn choose(&self, workers: &[Arc<Worker>], input: &RouteInput<'_>) -> (usize, CacheOutcome) {
+        let text = input.text;
         let any = |_| true;
         if text.is_empty() {
             return (least_loaded(workers, any).unwrap_or(0), CacheOutcome::Miss);
@@ -61,7 +62,7 @@ impl CacheAware {
                 CacheOutcome::Imbalanced,
             );
         }
-        let matched = matched_lens(&self.tree.match_prefix(text), workers);
+        let matched = with_exact(matched_lens(&self.tree.match_prefix(text), workers), input);
         let best = matched.iter().copied().max().unwrap_or(0);
         let rate = best as f32 / text.len() as f32;
         if best > 0 && rate > self.config.cache_threshold {
@@ -84,7 +85,7 @@ impl Policy for CacheAware {
     }
 
     fn select(&self, workers: &[Arc<Worker>], input: &RouteInput<'_>) -> Selection {
-        let (index, cache) = self.choose(workers, input.text);
+        let (index, cache) = self.choose(workers, input);
         if !input.text.is_empty() {
             if let Some(w) = workers.get(index) {
                 self.tree.insert(input.text, w.tenant);
@@ -124,6 +125,26 @@ mod tests {
 
     fn pick(p: &CacheAware, ws: &[Arc<Worker>], text: &str) -> Selection {
         p.select(ws, &RouteInput::of_text(text.as_bytes()))
+    }
+
+    #[test]
+    fn exact_matches_from_kv_events_override_the_tree() {
+        let p = policy();
+        let ws = workers(2);
+        let prompt = "system prompt ".repeat(20);
+        let first = pick(&p, &ws, &prompt).index;
+        let exact = if first == 0 {
+            [Some(0), Some(prompt.len())]
+        } else {
+            [Some(prompt.len()), Some(0)]
+        };
+        let input = RouteInput {
+            exact: Some(&exact),
+            ..RouteInput::of_text(prompt.as_bytes())
+        };
+        let s = p.select(&ws, &input);
+        assert_eq!(s.index, 1 - first);
+        assert_eq!(s.cache, CacheOutcome::Hit);
     }
 
     #[test]

@@ -61,6 +61,7 @@ mod tests {
         RouteInput {
             text: b"",
             routing_key: RoutingKey::from_header(key),
+            exact: None,
         }
     }
 
@@ -163,6 +164,7 @@ mod tests {
         let empty_key = RouteInput {
             text: b"",
             routing_key: RoutingKey::from_header(""),
+            exact: None,
         };
         let mut seen = [0; 3];
         for _ in 0..150 {

@@ -3,7 +3,9 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::{lowest_at_random, matched_lens, CacheOutcome, Policy, RouteInput, Selection};
+use super::{
+    lowest_at_random, matched_lens, with_exact, CacheOutcome, Policy, RouteInput, Selection,
+};
 use crate::tree::Tree;
 use crate::workers::Worker;
 
@@ -136,7 +138,7 @@ impl Policy for CostAware {
         let matched: Vec<usize> = if text.is_empty() {
             vec![0; workers.len()]
         } else {
-            matched_lens(&self.tree.match_prefix(text), workers)
+            with_exact(matched_lens(&self.tree.match_prefix(text), workers), input)
                 .into_iter()
                 .map(|m| if m < self.config.min_match { 0 } else { m })
                 .collect()
@@ -218,6 +220,29 @@ mod tests {
         let s = p.select(ws, &RouteInput::of_text(text.as_bytes()));
         let sent = ws[s.index].start(s.work);
         (s, sent)
+    }
+
+    #[test]
+    fn exact_matches_from_kv_events_override_the_tree() {
+        let p = policy();
+        let ws = workers(3);
+        let prompt = "a long shared system prompt ".repeat(10);
+        let first = pick(&p, &ws, &prompt).index;
+        // The tree now believes `first` holds the prompt; the events say
+        // it evicted it and `other` holds all of it (traffic this router
+        // did not send). The third worker has no events: tree.
+        let other = (first + 1) % 3;
+        let mut exact = vec![None; 3];
+        exact[first] = Some(0);
+        exact[other] = Some(prompt.len());
+        let input = RouteInput {
+            exact: Some(&exact),
+            ..RouteInput::of_text(prompt.as_bytes())
+        };
+        let s = p.select(&ws, &input);
+        assert_eq!(s.index, other);
+        assert_eq!(s.work, 0);
+        assert_eq!(s.cache, CacheOutcome::Hit);
     }
 
     #[test]

@@ -183,6 +183,7 @@ mod tests {
         RouteInput {
             text: b"",
             routing_key: RoutingKey::from_header(key),
+            exact: None,
         }
     }
 
@@ -220,6 +221,7 @@ mod tests {
         let empty = RouteInput {
             text: b"",
             routing_key: RoutingKey::from_header(""),
+            exact: None,
         };
         p.select(&ws, &empty);
         assert_eq!(p.keys(), 0, "an empty header is no key");

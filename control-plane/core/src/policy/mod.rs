@@ -40,6 +40,11 @@ pub struct RouteInput<'a> {
     pub text: &'a [u8],
     /// The client's sticky-session key (`X-SMG-Routing-Key`), if it sent one.
     pub routing_key: Option<RoutingKey>,
+    /// Exact cached prefixes, one per worker of the slice the policy is
+    /// given, in `text`'s units (bytes): `Some` where the worker's KV
+    /// events say what it holds, `None` where the approximate tree must
+    /// guess. The cache-aware policies use these over their tree's.
+    pub exact: Option<&'a [Option<usize>]>,
 }
 
 impl<'a> RouteInput<'a> {
@@ -48,6 +53,7 @@ impl<'a> RouteInput<'a> {
         RouteInput {
             text,
             routing_key: None,
+            exact: None,
         }
     }
 }
@@ -141,6 +147,19 @@ pub(crate) fn matched_lens(matched: &PrefixMatch, workers: &[Arc<Worker>]) -> Ve
                 .map_or(0, |i| held[i].1)
         })
         .collect()
+}
+
+/// The tree's `matched` lengths, with the exact ones (from the workers' KV
+/// events) in their place where `input` has them.
+pub(crate) fn with_exact(mut matched: Vec<usize>, input: &RouteInput<'_>) -> Vec<usize> {
+    if let Some(exact) = input.exact {
+        for (m, e) in matched.iter_mut().zip(exact) {
+            if let Some(e) = e {
+                *m = *e;
+            }
+        }
+    }
+    matched
 }
 
 /// The index of the least loaded worker among those `keep` accepts; ties
