@@ -30,6 +30,8 @@ pub(crate) struct Known {
     pub response_done: bool,
     /// The router answered the client itself.
     pub replied: bool,
+    /// The cached tokens the worker reported, when asked for.
+    pub cached_tokens: Option<u64>,
 }
 
 impl EndFacts {
@@ -52,6 +54,7 @@ impl EndFacts {
             duration_us: self.duration_us,
             attempts: self.attempts,
             outcome_only,
+            cached_tokens: known.cached_tokens,
         }
     }
 }

@@ -16,6 +16,7 @@
 //! to a prefill worker ([`headers`]).
 
 mod answer;
+mod cached_tokens;
 pub mod client_key;
 mod completion;
 mod front_door;

@@ -11,6 +11,7 @@ use sglang_envoy_body::{
 use sglang_envoy_proto::{AdmissionOutcome, Completion, PrefillOutcome};
 
 use crate::answer::AnswerState;
+use crate::cached_tokens::CachedTokensWatch;
 use crate::client_key::ClientKey;
 use crate::completion::{EndFacts, Known};
 use crate::front_door::{RequestHead, ResponseHead, Settings, Source};
@@ -18,7 +19,7 @@ use crate::mode::Mode;
 use crate::question::{Answer, Question, Routed, Unrouted};
 use crate::reply::LocalReply;
 use crate::steps::{
-    BodyStep, Forward, HeadStep, Held, Overdue, PrefillStep, Release, ResponseStep, Step,
+    BodyStep, Forward, HeadStep, Held, Overdue, PrefillStep, Release, ResponseStep, Step, Watch,
 };
 use crate::wire::status_of;
 
@@ -83,6 +84,8 @@ pub struct Lifecycle {
     response_done: bool,
     /// Where the body's fields are, from the one parse of the body.
     layout: Option<Layout>,
+    /// The decision asked for the cached tokens the worker reports.
+    cached: Option<CachedTokensWatch>,
 }
 
 impl Lifecycle {
@@ -108,6 +111,7 @@ impl Lifecycle {
             status: 0,
             response_done: false,
             layout: None,
+            cached: None,
         }
     }
 
@@ -401,6 +405,10 @@ impl Lifecycle {
 
     /// Applies a decision: the edits that send the request on.
     fn apply<S: Source>(&mut self, decision: Routed, source: &S) -> Step {
+        // Whether the answer streams is known at its head.
+        self.cached = decision
+            .report_cached_tokens
+            .then(|| CachedTokensWatch::new(false));
         if decision.endpoints.is_empty() {
             return Step::Reply(self.refuse(LocalReply::new(
                 503,
@@ -462,7 +470,16 @@ impl Lifecycle {
             };
         };
         let mut step = answer.on_head(head);
-        if let ResponseStep::Continue { report, .. } = &mut step {
+        self.cached = self
+            .cached
+            .take()
+            .filter(|_| (200..300).contains(&head.status) && !head.end_of_stream)
+            .map(|_| CachedTokensWatch::new(head.sse));
+        if let ResponseStep::Continue { report, release } = &mut step {
+            if self.cached.is_some() && release.watch == Watch::Nothing {
+                // Shown chunk by chunk to read the usage at its end.
+                release.watch = Watch::Chunks;
+            }
             // A failed answer counts against its workers at once; not in
             // PD mode, where a decode's failure may be its prefill's: the
             // end tells.
@@ -501,6 +518,9 @@ impl Lifecycle {
     /// A chunk of the answer's body arrived (`end`: the last).
     pub fn on_response_body(&mut self, chunk: &[u8], end: bool) -> BodyStep {
         self.response_done |= end;
+        if let Some(watch) = &mut self.cached {
+            watch.feed(chunk);
+        }
         match &mut self.state {
             State::Upstream(answer) => answer.on_body(chunk, end),
             _ => BodyStep::Pass,
@@ -511,6 +531,7 @@ impl Lifecycle {
     /// otherwise `on_response_body` needs only each chunk's end flag.
     pub fn needs_response_bytes(&self) -> bool {
         matches!(&self.state, State::Upstream(answer) if answer.needs_bytes())
+            || self.cached.is_some()
     }
 
     /// The answer has been seen to end.
@@ -532,6 +553,11 @@ impl Lifecycle {
             status: self.status,
             response_done: self.response_done,
             replied: self.replied(),
+            cached_tokens: self
+                .cached
+                .as_ref()
+                .filter(|_| self.response_done && !outcome_only)
+                .and_then(CachedTokensWatch::read),
         };
         facts.completion(known, outcome_only)
     }

@@ -86,6 +86,9 @@ pub struct Routed {
     pub request_headers: Vec<(String, String)>,
     /// PD: the prefill half was sent; follow it.
     pub prefill: Option<FollowPrefill>,
+    /// Read the cached tokens the worker reports and send them with the
+    /// request's end (the control plane's KV-event self-check).
+    pub report_cached_tokens: bool,
 }
 
 /// PD: what to do with the prefill half the engine sent.

@@ -83,6 +83,7 @@ pub fn answer_of(response: RouteResponse) -> Answer {
             prefill: d.await_prefill.then_some(FollowPrefill {
                 merge_input_logprobs: d.merge_input_logprobs,
             }),
+            report_cached_tokens: d.report_cached_tokens,
         }),
         Some(Outcome::Rejection(r)) => Err(Unrouted::Rejected(
             LocalReply::new(status_of(r.http_status), &r.error_type, r.message)
@@ -114,6 +115,7 @@ pub fn response_of(answer: Answer) -> RouteResponse {
                 .into_iter()
                 .map(|(name, value)| Header { name, value })
                 .collect(),
+            report_cached_tokens: r.report_cached_tokens,
         }),
         Err(Unrouted::Rejected(reply)) => Outcome::Rejection(Rejection {
             http_status: u32::from(reply.status),
@@ -154,6 +156,7 @@ mod tests {
                 prefill: Some(FollowPrefill {
                     merge_input_logprobs: true,
                 }),
+                report_cached_tokens: true,
             }),
             Err(Unrouted::Rejected(LocalReply::new(
                 429,

@@ -63,3 +63,37 @@ fn sse_is_watched_to_its_end_and_a_hang_up_is_a_cancel() {
     let c = lc.end(&reset).unwrap();
     assert!(!c.client_cancelled && !c.local_reply);
 }
+
+#[test]
+fn the_cached_tokens_reported_go_with_the_end_when_asked_for() {
+    for (want, sse) in [(true, false), (true, true), (false, false)] {
+        let mut lc = asked(false);
+        let mut d = decision(false, false);
+        if let Ok(r) = &mut d {
+            r.report_cached_tokens = want;
+        }
+        assert!(matches!(lc.on_answer(d, &client()), Step::Forward(_)));
+        let ResponseStep::Continue { release, .. } = lc.on_response_head(ok_head(sse), upstream)
+        else {
+            panic!();
+        };
+        // Asked: the JSON answer is shown too, to read its usage.
+        assert_eq!(release.watch == Watch::Chunks, want || sse);
+        assert_eq!(lc.needs_response_bytes(), want);
+        let usage = br#"{"usage":{"prompt_tokens_details":{"cached_tokens":48}}}"#;
+        if sse {
+            lc.on_response_body(b"data: ", false);
+            lc.on_response_body(usage, false);
+            lc.on_response_body(b"\n\ndata: [DONE]\n\n", true);
+        } else {
+            lc.on_response_body(&usage[..10], false);
+            lc.on_response_body(&usage[10..], true);
+        }
+        let c = lc.end(&upstream()).unwrap();
+        assert_eq!(
+            c.cached_tokens,
+            want.then_some(48),
+            "asked {want} sse {sse}"
+        );
+    }
+}

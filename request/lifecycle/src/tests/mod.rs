@@ -71,6 +71,7 @@ fn decision(pd: bool, merge: bool) -> Answer {
         prefill: pd.then_some(FollowPrefill {
             merge_input_logprobs: merge,
         }),
+        report_cached_tokens: false,
     })
 }
 
