@@ -157,7 +157,13 @@ pub async fn serve_tls_with_bootstrap(
                 .map_err(std::io::Error::other)?,
         )),
     };
-    let state = AppState::with_kv(config, kv);
+    let tokenizer = match &config.tokenizer_path {
+        None => None,
+        Some(dir) => Some(std::sync::Arc::new(
+            sglang_envoy_prompt::PromptTokenizer::from_dir(dir).map_err(std::io::Error::other)?,
+        )),
+    };
+    let state = AppState::with_parts(config, kv, tokenizer);
     match tls {
         None => run(listener, state, bootstrap).await,
         Some(tls) => {

@@ -108,6 +108,11 @@ struct Cli {
     /// --kv-events-config.
     #[arg(long, default_value_t = DEFAULT_PAGE_SIZE as u64, value_parser = clap::value_parser!(u64).range(1..))]
     page_size: u64,
+    /// Tokenize prompts with this model's files (a directory with
+    /// `tokenizer.json` and a chat template) as SGLang does, instead of the
+    /// toy tokenizer (about 4 characters a token).
+    #[arg(long, value_name = "DIR")]
+    tokenizer_path: Option<std::path::PathBuf>,
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `debug`.
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -174,6 +179,7 @@ async fn main() -> anyhow::Result<()> {
         api_key: cli.api_key,
         kv_events_config: cli.kv_events_config.and_then(|f| f.0),
         page_size: usize::try_from(cli.page_size).context("--page-size is too large")?,
+        tokenizer_path: cli.tokenizer_path,
     };
     let bootstrap = bind_bootstrap(&config).await.with_context(|| {
         format!(

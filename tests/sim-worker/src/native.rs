@@ -175,7 +175,8 @@ pub async fn generate(
     let started = Instant::now();
     let in_flight = state.begin("/generate")?;
     let record = record.map(|Extension(id)| id);
-    let body = parse_object(&body)?;
+    let raw = body;
+    let body = parse_object(&raw)?;
     let (prompts, batch) = if let Some(text) = field(&body, "text") {
         request::prompts("text", text)?
     } else if let Some(ids) = field(&body, "input_ids") {
@@ -207,7 +208,10 @@ pub async fn generate(
                 ApiError::bad("return_logprob must be a boolean or a list of booleans")
             })?,
         };
-        let tokens = prompt.tokens();
+        let tokens = match state.file_tokens("/generate", &raw) {
+            Some(tokens) if !batch => tokens,
+            _ => prompt.tokens(),
+        };
         // A decode worker has no prompt logprobs: the prefill worker
         // reports them and a router merges the two.
         let input_logprobs = return_logprob.then(|| {

@@ -201,9 +201,13 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     let in_flight = state.begin("/v1/chat/completions")?;
     let record = record.map(|Extension(id)| id);
-    let body = parse_object(&body)?;
+    let raw = body;
+    let body = parse_object(&raw)?;
     let messages = field(&body, "messages").ok_or_else(|| ApiError::bad("messages is required"))?;
-    let prompt = tokens::tokenize(&tokens::render_chat(messages)?);
+    let prompt = match state.file_tokens("/v1/chat/completions", &raw) {
+        Some(tokens) => tokens,
+        None => tokens::tokenize(&tokens::render_chat(messages)?),
+    };
     let g = Generation::parse(&body, &state, "chatcmpl-")?;
     let handoff = state
         .handoffs(&body, 1, false)?
@@ -299,10 +303,14 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let in_flight = state.begin("/v1/completions")?;
     let record = record.map(|Extension(id)| id);
-    let body = parse_object(&body)?;
+    let raw = body;
+    let body = parse_object(&raw)?;
     let prompt = field(&body, "prompt").ok_or_else(|| ApiError::bad("prompt is required"))?;
     let (prompts, batch) = request::prompts("prompt", prompt)?;
-    let prompts: Vec<Vec<Token>> = prompts.iter().map(tokens::Prompt::tokens).collect();
+    let prompts: Vec<Vec<Token>> = match state.file_tokens("/v1/completions", &raw) {
+        Some(tokens) if !batch => vec![tokens],
+        _ => prompts.iter().map(tokens::Prompt::tokens).collect(),
+    };
     let g = Generation::parse(&body, &state, "cmpl-")?;
     let handoffs = state.handoffs(&body, prompts.len(), batch)?;
     state.control.wait_unstalled().await;

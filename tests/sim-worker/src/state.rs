@@ -16,6 +16,7 @@ use crate::request::Body;
 use crate::stats::{InFlight, KvEvent, Stats};
 use crate::tokens::Token;
 use crate::wire::{self, InfoRoutes, Ranks, WireProfile};
+use sglang_envoy_prompt::PromptTokenizer;
 
 /// Startup configuration of a simulated worker (the CLI flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +80,9 @@ pub struct SimConfig {
     /// `--page-size`: tokens per cached page, used only with
     /// `kv_events_config` (the token-level cache stays as it was).
     pub page_size: usize,
+    /// `--tokenizer-path`: tokenize prompts with this model's files as
+    /// SGLang does; `None`: the toy tokenizer.
+    pub tokenizer_path: Option<std::path::PathBuf>,
 }
 
 /// `--page-size` default. SGLang resolves its own per attention backend
@@ -110,6 +114,7 @@ impl Default for SimConfig {
             api_key: None,
             kv_events_config: None,
             page_size: DEFAULT_PAGE_SIZE,
+            tokenizer_path: None,
         }
     }
 }
@@ -148,6 +153,8 @@ pub struct Shared {
     pub started: Instant,
     /// The KV-event publishers, with `--kv-events-config`.
     pub kv: Option<Arc<KvEvents>>,
+    /// The model's tokenizer, with `--tokenizer-path`.
+    pub tokenizer: Option<Arc<PromptTokenizer>>,
 }
 
 impl Deref for AppState {
@@ -167,6 +174,16 @@ impl AppState {
     /// Fresh state for `config` whose caches publish on `kv` (bound by
     /// [`KvEvents::start`] from `config.kv_events_config`).
     pub fn with_kv(config: SimConfig, kv: Option<Arc<KvEvents>>) -> AppState {
+        AppState::with_parts(config, kv, None)
+    }
+
+    /// Fresh state publishing on `kv` and tokenizing with `tokenizer`
+    /// (loaded from `config.tokenizer_path`).
+    pub fn with_parts(
+        config: SimConfig,
+        kv: Option<Arc<KvEvents>>,
+        tokenizer: Option<Arc<PromptTokenizer>>,
+    ) -> AppState {
         let dp_size = config.dp_size.max(1);
         let control = Arc::new(Control::new(
             config.prefill_us_per_token,
@@ -189,6 +206,7 @@ impl AppState {
             client: reqwest::Client::new(),
             started: Instant::now(),
             kv,
+            tokenizer,
         }))
     }
 
@@ -319,6 +337,17 @@ impl AppState {
                 Ok(p)
             }
         }
+    }
+
+    /// A single prompt's tokens as SGLang computes them from the model's
+    /// files (`--tokenizer-path`), for the request to `path` with the raw
+    /// JSON `body`; `None` without the files, or for a prompt they cannot
+    /// tokenize alone (a batch, an image), which the toy tokenizer takes.
+    pub fn file_tokens(&self, path: &str, body: &[u8]) -> Option<Vec<Token>> {
+        let prompt = self.tokenizer.as_ref()?.tokens(path, body).ok()?;
+        Some(
+            crate::tokens::Prompt::Ids(prompt.ids.iter().map(|&i| i64::from(i)).collect()).tokens(),
+        )
     }
 
     /// Start of every inference request: counts it and applies an injected
