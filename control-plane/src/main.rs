@@ -23,6 +23,7 @@ use tracing::{info, warn};
 use sglang_envoy_control_plane::auth::{AdminAuth, AUDIT_TARGET};
 use sglang_envoy_control_plane::body_budget::BodyBudget;
 use sglang_envoy_control_plane::config::Args;
+use sglang_envoy_control_plane::engine::exact::ExactCache;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::kv_events::KvEvents;
@@ -204,18 +205,35 @@ impl ControlPlane {
             args.health_options(),
             worker_client.clone(),
         ));
-        let engine =
-            Arc::new(Engine::new(registry, policies, metrics, options).with_health(health.clone()));
+        let kv_events = args
+            .kv_events
+            .options()
+            .map(|o| KvEvents::new(o, worker_client.clone()));
+        let tokenizer = args
+            .kv_events
+            .tokenizer()
+            .context("--tokenizer-path / --model-path")?;
+        let mut engine =
+            Engine::new(registry, policies, metrics, options).with_health(health.clone());
+        match (&kv_events, tokenizer) {
+            (Some(kv), Some(tokenizer)) => {
+                info!(
+                    chat_template = tokenizer.has_chat_template(),
+                    "routing on exact cached prefixes where workers publish KV events"
+                );
+                engine = engine
+                    .with_exact_cache(ExactCache::new(kv.index().clone(), Arc::new(tokenizer)));
+            }
+            (None, Some(_)) => warn!("--tokenizer-path is unused with --disable-kv-events"),
+            _ => {}
+        }
+        let engine = Arc::new(engine);
         let enrollment = Enrollment::new(engine.clone(), startup::startup_timeout(args));
         info!(
             mode = mode.as_str(),
             dp_aware = args.dp_aware,
             "router built"
         );
-        let kv_events = args
-            .kv_events
-            .options()
-            .map(|o| KvEvents::new(o, worker_client.clone()));
         Ok(ControlPlane {
             engine,
             health,

@@ -54,6 +54,14 @@ pub struct Metrics {
     kv_events_gaps: Family<WorkerLabel, Counter>,
     worker_kv_blocks: Family<WorkerLabel, Gauge>,
     worker_kv_events_live: Family<WorkerLabel, Gauge>,
+    exact_cache: Family<ReasonLabel, Counter>,
+    exact_checks: Family<CheckLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabel {
+    worker: String,
+    result: &'static str,
 }
 
 impl Default for Metrics {
@@ -95,6 +103,8 @@ impl Metrics {
             kv_events_gaps: Family::default(),
             worker_kv_blocks: Family::default(),
             worker_kv_events_live: Family::default(),
+            exact_cache: Family::default(),
+            exact_checks: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -204,14 +214,43 @@ impl Metrics {
         );
         registry.register(
             "sgl_router_worker_kv_events_live",
-            "1 when every DP rank of the worker has KV events applied and trusted; 0 otherwise (untrusted after a lost batch, or nothing received yet)",
+            "1 when every DP rank of the worker is subscribed to and trusted; 0 otherwise (untrusted after a lost batch, or not subscribed yet)",
             m.worker_kv_events_live.clone(),
+        );
+        registry.register(
+            "sgl_router_exact_cache_decisions",
+            "Decisions among workers of which some publish KV events: reason=events when their exact cached prefixes were used, else why the trees alone decided (unpredictable: images, batches, LoRA; invalid; template; tokenizer)",
+            m.exact_cache.clone(),
+        );
+        registry.register(
+            "sgl_router_exact_cache_checks",
+            "KV-event self-check per worker: answers whose reported cached tokens matched the router's prediction (result=agree) or not (result=disagree)",
+            m.exact_checks.clone(),
         );
         Metrics { registry, ..m }
     }
 }
 
 impl Metrics {
+    /// One self-check of `worker`'s predicted cached tokens.
+    pub fn exact_check(&self, worker: &str, agree: bool) {
+        self.exact_checks
+            .get_or_create(&CheckLabel {
+                worker: worker.to_string(),
+                result: if agree { "agree" } else { "disagree" },
+            })
+            .inc();
+    }
+
+    /// A decision among workers with KV events, and what it used.
+    pub fn exact_cache(&self, reason: &'static str) {
+        self.exact_cache
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
     /// A filter's session stream opened (`+1`) or ended (`-1`).
     pub fn session(&self, delta: i64) {
         self.sessions.inc_by(delta);

@@ -72,6 +72,10 @@ pub struct PromptTokens {
     pub ids: Vec<u32>,
     /// The request's `cache_salt`, which seeds SGLang's page hash chain.
     pub cache_salt: Option<String>,
+    /// The request names a LoRA adapter (`lora_path`): SGLang publishes
+    /// its blocks under a namespace derived from the adapter's id, which a
+    /// router cannot compute.
+    pub lora: bool,
 }
 
 /// A model's tokenizer and chat template.
@@ -172,6 +176,7 @@ impl PromptTokenizer {
             ids: self.encode(&prompt)?,
             cache_salt: field(&body, "cache_salt")
                 .and_then(|s| s.as_str().filter(|s| !s.is_empty()).map(str::to_owned)),
+            lora: field(&body, "lora_path").is_some(),
         })
     }
 }

@@ -227,9 +227,18 @@ fn unknown(what: &str) -> Response {
     )
 }
 
-/// The KV-event view of the server at `base_url`, when subscribing is on.
+/// The KV-event view of the server at `base_url`, when subscribing is on,
+/// with what the policies route it on and its self-check.
 fn kv_view(s: &AdminState, base_url: &str) -> Option<WorkerKvView> {
-    s.kv_events.as_ref().and_then(|kv| kv.view(base_url))
+    let mut view = s.kv_events.as_ref().and_then(|kv| kv.view(base_url))?;
+    if let Some(check) = s.engine.exact_check(base_url) {
+        view.checked = check.checked;
+        view.agreed = check.agreed;
+        if view.live && check.trusted {
+            view.routing = "events";
+        }
+    }
+    Some(view)
 }
 
 /// `GET /workers`

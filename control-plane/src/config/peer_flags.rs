@@ -16,6 +16,9 @@ const TLS: &str = "clients reach Envoy's listener, which serves TLS with these f
 /// that mean something else here or change nothing, with how: labelled
 /// "supported differently" in docs/flags.md, and noted at start when given.
 pub const OWN_BUT_DIFFERENT: &[(&str, &str)] = &[
+    ("--model-path", super::kv_events_flags::TOKENIZER_DIR),
+    ("--tokenizer-path", super::kv_events_flags::TOKENIZER_DIR),
+    ("--chat-template", super::kv_events_flags::CHAT_TEMPLATE_FILE),
     (
         "--worker-startup-check-interval",
         "accepted and changes nothing: sglang-router 0.3.2 polls each worker's /get_load at this period for power_of_two; here every policy reads each worker's load report every --load-monitor-interval",
@@ -51,9 +54,6 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--request-id-headers", Many, "", Elsewhere("Envoy keeps a client's x-request-id (and makes one when it is missing), and every client header reaches the worker unchanged")),
     flag("--shutdown-grace-period-secs", One, "180", Elsewhere("requests in flight belong to Envoy, which drains them on its own shutdown (--drain-time-s); while the control plane is away the filter keeps routing from its last worker list")),
     flag("--cors-allowed-origins", Many, "[]", Elsewhere("browsers' cross-origin requests are answered by Envoy's CORS filter, rendered from the same origins (envoy/render.sh CORS_ALLOWED_ORIGINS; scripts/quickstart.sh passes this flag's origins on; docker compose reads CORS_ALLOWED_ORIGINS)")),
-    flag("--model-path", One, "", NotApplicable(TOKENIZER)),
-    flag("--tokenizer-path", One, "", NotApplicable(TOKENIZER)),
-    flag("--chat-template", One, "", NotApplicable(TOKENIZER)),
     flag("--tokenizer-cache-enable-l0", Switch, "", NotApplicable(TOKENIZER)),
     flag("--tokenizer-cache-l0-max-entries", One, "10000", NotApplicable(TOKENIZER)),
     flag("--tokenizer-cache-enable-l1", Switch, "", NotApplicable(TOKENIZER)),

@@ -21,13 +21,21 @@ const TENANTS: &str = "per-tenant API keys are not built: holders of --api-key a
 
 /// smg's flags this control plane parses under the same name but that
 /// change nothing here, with why: "supported differently" in docs/flags.md.
-pub const OWN_BUT_DIFFERENT: &[(&str, &str)] = &[(
-    "--priority-scheduler-tenant-metric-top-n",
-    "accepted and changes nothing: there are no per-tenant metrics yet",
-)];
+pub const OWN_BUT_DIFFERENT: &[(&str, &str)] = &[
+    (
+        "--priority-scheduler-tenant-metric-top-n",
+        "accepted and changes nothing: there are no per-tenant metrics yet",
+    ),
+    ("--model-path", super::kv_events_flags::TOKENIZER_DIR),
+    ("--tokenizer-path", super::kv_events_flags::TOKENIZER_DIR),
+    (
+        "--chat-template",
+        super::kv_events_flags::CHAT_TEMPLATE_FILE,
+    ),
+];
 const ROUTING_KEY: &str = "the routing key is read from X-SMG-Routing-Key only (--policy manual)";
 const KV_EVENTS: &str =
-    "KV events are not read yet: cache state is the router's radix tree of what it sent";
+    "KV events are read from each worker's own ZMQ publisher (docs/kv-events.md): the page size comes from the events, the index is SGLang's page hash chain, and a worker is trusted while its sequence has no gap";
 const SILENCE: &str = "workers are taken out of routing by health checks (--health-check-*), the circuit breaker (--cb-*) and Envoy's outlier detection, not by silence";
 const UNHEALTHY: &str = "an unhealthy worker stays registered and is probed until it recovers";
 const NO_JOB_QUEUE: &str = "workers are added and removed at once, without a job queue";
@@ -50,10 +58,10 @@ pub const SMG_FLAGS: &[PeerFlag] = &[
     flag("--worker-overload-protection", Switch, "", NotYet(ENGINE_LOAD)),
     flag("--disable-worker-overload-protection", Switch, "", Elsewhere("no worker is left out for its engine-reported load here: there is no overload protection to switch off")),
     flag("--worker-overload-shed", Switch, "", NotYet(ENGINE_LOAD)),
-    flag("--kv-index", One, "positional", NotYet(KV_EVENTS)),
+    flag("--kv-index", One, "positional", NotApplicable(KV_EVENTS)),
     flag("--worker-stall-secs", One, "2", NotApplicable(SILENCE)),
     flag("--worker-wedge-secs", One, "3", NotApplicable(SILENCE)),
-    flag("--worker-stale-secs", One, "15", NotYet(KV_EVENTS)),
+    flag("--worker-stale-secs", One, "15", NotApplicable(KV_EVENTS)),
     flag("--worker-warmup-secs", One, "60", NotApplicable(SMG_CACHE)),
     flag("--worker-warmup-share", One, "0.25", NotApplicable(SMG_CACHE)),
     flag("--worker-warmup-blocks", One, "1024", NotApplicable(SMG_CACHE)),
@@ -63,7 +71,7 @@ pub const SMG_FLAGS: &[PeerFlag] = &[
     flag("--selection-accounting-ttl-ms", One, "0", NotApplicable(SMG_CACHE)),
     flag("--overlap-decay", One, "0.0", NotApplicable(SMG_CACHE)),
     flag("--selection-temperature", One, "0.0", NotApplicable(SMG_CACHE)),
-    flag("--block-size", One, "16", NotYet(KV_EVENTS)),
+    flag("--block-size", One, "16", NotApplicable(KV_EVENTS)),
     flag("--cache-boundaries", One, "", NotApplicable(SMG_CACHE)),
     flag("--cache-index", One, "tree", NotApplicable(SMG_CACHE)),
     flag("--cache-ttl-secs", One, "180", NotApplicable(SMG_CACHE)),

@@ -13,7 +13,7 @@ use sglang_envoy_lifecycle::{
 };
 use tracing::debug;
 
-use super::Engine;
+use super::{exact, Engine};
 use crate::admission::class::Class;
 use crate::admission::tenants::{tenant_key, Sender, TENANT_OVER_RATE};
 use crate::admission::Caller;
@@ -36,6 +36,8 @@ struct Choice {
     stream: bool,
     /// PD: the prefill half was sent.
     prefill: Option<FollowPrefill>,
+    /// The cached tokens the chosen worker should report (KV events).
+    predicted: Option<u64>,
 }
 
 /// An error answer for the client.
@@ -148,6 +150,7 @@ impl Engine {
                 .map(|h| (h.name, h.value))
                 .collect(),
             prefill: c.prefill,
+            report_cached_tokens: c.predicted.is_some(),
         })
     }
 
@@ -190,6 +193,7 @@ impl Engine {
                 inject: Vec::new(),
                 stream: false,
                 prefill: None,
+                predicted: None,
             });
         }
         let Some(route) = Route::from_path(&req.path) else {
@@ -207,7 +211,9 @@ impl Engine {
         if serving.is_empty() {
             return Err(self.no_workers(Role::Regular));
         }
-        let input = route_input(req);
+        let exact = self.exact_matches(req, &serving)?;
+        let mut input = route_input(req);
+        input.exact = exact.as_ref().map(|m| m.bytes.as_slice());
         let selection = self.policies.regular.select(&serving, &input);
         let worker = serving.get(selection.index).ok_or_else(no_unit)?;
         let plan = retry::plan(
@@ -216,7 +222,18 @@ impl Engine {
             &self.options.retry,
             req.destination,
         );
-        self.count(&plan, req.ticket, selection.work, input.routing_key, None);
+        let predicted = exact
+            .as_ref()
+            .and_then(|m| m.tokens.get(selection.index).copied().flatten())
+            .map(|t| t as u64);
+        self.count(
+            &plan,
+            req.ticket,
+            selection.work,
+            input.routing_key,
+            None,
+            predicted,
+        );
         self.metrics
             .decided(route.path(), selection.cache, elapsed(started));
         debug!(path = %req.path, worker = %worker.url, cache = ?selection.cache, "routed");
@@ -226,6 +243,7 @@ impl Engine {
             ticket: req.ticket,
             stream: req.stream,
             prefill: None,
+            predicted,
         })
     }
 
@@ -253,8 +271,11 @@ impl Engine {
         if decodes.is_empty() {
             return Err(self.no_workers(Role::Decode));
         }
-        let input = route_input(req);
+        let exact = self.exact_matches(req, &prefills)?;
+        let mut input = route_input(req);
+        input.exact = exact.as_ref().map(|m| m.bytes.as_slice());
         let p = self.policies.prefill.select(&prefills, &input);
+        input.exact = None;
         let d = self.policies.decode.select(decodes, &input);
         let (Some(prefill), Some(decode)) = (prefills.get(p.index), decodes.get(d.index)) else {
             return Err(no_unit());
@@ -282,6 +303,9 @@ impl Engine {
             d.work,
             input.routing_key,
             Some(prefill_half),
+            // The decode worker's answer reports its own cache, not the
+            // prefill's: nothing to check.
+            None,
         );
         self.metrics
             .decided(route.path(), p.cache, elapsed(started));
@@ -294,12 +318,47 @@ impl Engine {
             prefill: Some(FollowPrefill {
                 merge_input_logprobs: want_logprobs,
             }),
+            predicted: None,
         })
     }
 
+    /// The exact cached prefixes of `req` over `workers`, when some of
+    /// them publish KV events: `NeedBody` if the front door has not sent
+    /// the body yet; `None` (the trees alone) when none publishes or the
+    /// prompt's tokens cannot be known.
+    fn exact_matches(
+        &self,
+        req: &Question,
+        workers: &[Arc<Worker>],
+    ) -> Result<Option<exact::Matches>, Unrouted> {
+        let Some(cache) = &self.exact else {
+            return Ok(None);
+        };
+        if !cache.covers(workers) {
+            return Ok(None);
+        }
+        if req.body.is_empty() {
+            if req.body_bytes > 0 {
+                return Err(Unrouted::NeedBody);
+            }
+            return Ok(None);
+        }
+        match cache.matches(&req.path, &req.body, req.routing_text.len(), workers) {
+            Ok(m) => {
+                self.metrics.exact_cache("events");
+                Ok(Some(m))
+            }
+            Err(e) => {
+                self.metrics.exact_cache(exact::skip_reason(&e));
+                debug!(path = %req.path, error = %e, "routed on the tree: no exact match");
+                Ok(None)
+            }
+        }
+    }
+
     /// Counts a request (its estimated `work`, its routing key) on the first
-    /// unit of `plan`, with its PD prefill half if any, until `ticket` is
-    /// reported finished.
+    /// unit of `plan`, with its PD prefill half if any and the cached
+    /// tokens it should find, until `ticket` is reported finished.
     fn count(
         &self,
         plan: &[Arc<Worker>],
@@ -307,12 +366,15 @@ impl Engine {
         work: u64,
         key: Option<RoutingKey>,
         prefill: Option<PrefillHandle>,
+        predicted: Option<u64>,
     ) {
         let Some(worker) = plan.first() else {
             prefill.inspect(PrefillHandle::stop);
             return;
         };
-        let mut counted = Counted::start(worker.clone(), work, key).with_plan(plan.to_vec());
+        let mut counted = Counted::start(worker.clone(), work, key)
+            .with_plan(plan.to_vec())
+            .with_prediction(predicted);
         if let Some(prefill) = prefill {
             counted = counted.with_prefill(prefill);
         }
@@ -343,6 +405,7 @@ fn route_input(req: &Question) -> RouteInput<'_> {
     RouteInput {
         text: &req.routing_text,
         routing_key: RoutingKey::from_header(&req.routing_key),
+        exact: None,
     }
 }
 

@@ -24,6 +24,7 @@ use crate::workers::{
 };
 
 mod decide;
+pub mod exact;
 mod models;
 mod policies;
 
@@ -127,6 +128,9 @@ pub struct Engine {
     /// Checks at once each worker a request failed on (see
     /// [`Engine::report`]); `None` in unit tests.
     health: Option<Arc<HealthChecker>>,
+    /// Exact cached prefixes from KV events (with a tokenizer); `None`:
+    /// the policies' trees alone.
+    exact: Option<exact::ExactCache>,
 }
 
 impl Engine {
@@ -154,7 +158,21 @@ impl Engine {
             info_turn: AtomicUsize::new(0),
             gate,
             health: None,
+            exact: None,
         }
+    }
+
+    /// This engine, routing on exact cached prefixes where workers publish
+    /// KV events.
+    pub fn with_exact_cache(mut self, exact: exact::ExactCache) -> Self {
+        self.exact = Some(exact);
+        self
+    }
+
+    /// Whether decisions read request bodies (PD's prefill half, or exact
+    /// cache matching): the front doors then send every body.
+    pub fn wants_bodies(&self) -> bool {
+        self.options.mode == Mode::Pd || self.exact.is_some()
     }
 
     /// This engine, checking at once through `health` each worker that a
@@ -318,7 +336,11 @@ impl Engine {
         };
         let worker = counted.worker.clone();
         let plan = std::mem::take(&mut counted.plan);
+        let predicted = counted.predicted_cached.take();
         drop(counted); // releases the load
+        if let Some(p) = predicted {
+            self.self_check(&worker, p, c);
+        }
         let failed = self.record_attempts(&plan, c);
         let failed_over = !c.upstream_host.is_empty() && c.upstream_host != worker.endpoint_text;
         self.metrics.finished(
@@ -332,6 +354,38 @@ impl Engine {
             self.metrics.error("upstream_error");
         }
         failed
+    }
+
+    /// Compares the cached tokens `worker` reported for `c` with the `predicted`
+    /// ones (when it answered, and the request did not move to another worker).
+    fn self_check(&self, worker: &Worker, predicted: u64, c: &Completion) {
+        let (Some(exact), Some(reported)) = (&self.exact, c.cached_tokens) else {
+            return;
+        };
+        if c.upstream_host != worker.endpoint_text || !(200..300).contains(&c.http_status) {
+            return;
+        }
+        self.metrics
+            .exact_check(&worker.base_url, predicted == reported);
+        match exact.check(&worker.base_url, predicted, reported) {
+            exact::CheckChange::Distrusted => tracing::error!(
+                worker = %worker.base_url,
+                predicted,
+                reported,
+                "KV-event self-check: the cached tokens this worker reports disagree with the router's predictions (is --tokenizer-path / --chat-template the worker's model and template?); routing it on the approximate tree until they agree"
+            ),
+            exact::CheckChange::Trusted => tracing::info!(
+                worker = %worker.base_url,
+                "KV-event self-check: predictions agree again; routing this worker on its events"
+            ),
+            exact::CheckChange::None => {}
+        }
+    }
+
+    /// The KV-event self-check of the server at `base_url`; `None` when
+    /// the router does not route on events (no tokenizer).
+    pub fn exact_check(&self, base_url: &str) -> Option<exact::CheckView> {
+        self.exact.as_ref().map(|e| e.check_view(base_url))
     }
 
     /// Releases a request whose end will never be reported where it was

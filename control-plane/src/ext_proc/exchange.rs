@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use sglang_envoy_body::over_budget;
 use sglang_envoy_lifecycle::names::ENDPOINT_HEADER;
 use sglang_envoy_lifecycle::{
-    BodyStep, Forward, HeadStep, LocalReply, Mode, PrefillStep, Release, RequestHead, ResponseHead,
+    BodyStep, Forward, HeadStep, LocalReply, PrefillStep, Release, RequestHead, ResponseHead,
     ResponseStep, Source, Step, Watch,
 };
 use sglang_envoy_proto::{PRIORITY_HEADER, ROUTING_KEY_HEADER};
@@ -268,10 +268,11 @@ impl Exchange {
     }
 
     /// Whether questions carry the body and headers: only the PD engine
-    /// reads them (it builds the prefill half); regular decisions need the
-    /// routing text alone, and copying a large body for nothing costs.
+    /// (it builds the prefill half) and exact cache matching (it tokenizes
+    /// the prompt) read them; other decisions need the routing text alone,
+    /// and copying a large body for nothing costs.
     pub(super) fn attach_body(&self) -> bool {
-        self.engine.options().mode == Mode::Pd
+        self.engine.wants_bodies()
     }
 
     /// The replies sending the request on, edited as the decision says.
