@@ -13,6 +13,7 @@ mod envoy_config;
 pub mod fake_kube;
 mod front_door;
 pub mod gateway;
+pub mod kv_events;
 pub mod manifests;
 mod process;
 mod sim_worker;

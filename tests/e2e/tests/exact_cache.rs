@@ -1,0 +1,293 @@
+//! Routing on the exact cache state the workers publish, through Envoy:
+//! simulated workers tokenize with a model's files (`--tokenizer-path`, a
+//! byte-level BPE and a ChatML template written by the test) and publish
+//! KV events; the control plane, given the same files, tokenizes each
+//! request, hashes its pages as SGLang does and looks them up in the
+//! index built from the events.
+//!
+//! The approximate tree knows only what this router sent. These tests
+//! make it wrong on purpose: a prefix cached by traffic sent straight to a
+//! worker, and a prefix the worker dropped. The router must follow the
+//! events in both cases.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sglang_envoy_e2e::kv_events::{caught_up, direct, kv, subscribed_and_reset, CONFIG};
+use sglang_envoy_e2e::{fresh_dir, Stack, StackOptions};
+
+/// A system prompt long enough to fill many 16-token pages.
+fn system_prompt(tag: &str) -> String {
+    (0..120)
+        .map(|i| format!("{tag} rule {i} of the house. "))
+        .collect()
+}
+
+fn chat_with(system: &str, question: &str) -> String {
+    json!({"model": "m", "max_tokens": 1, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": question}
+    ]})
+    .to_string()
+}
+
+async fn start(policy: &str) -> Stack {
+    let model = fresh_dir(&format!("sglang-e2e-model-{}-{policy}", std::process::id()))
+        .expect("a model directory");
+    sglang_envoy_prompt::fixture::write_model_files(&model).expect("model files written");
+    let model = model.display().to_string();
+    Stack::start(StackOptions {
+        workers: 3,
+        policy: policy.into(),
+        worker_args: vec![
+            "--kv-events-config".into(),
+            CONFIG.into(),
+            "--tokenizer-path".into(),
+            model.clone(),
+            "--enable-cache-report".into(),
+        ],
+        cp_args: vec!["--tokenizer-path".into(), model],
+        ..Default::default()
+    })
+    .await
+    .expect("stack starts")
+}
+
+/// Sends `body` through Envoy; the index of the worker that served it and
+/// the cached tokens it reported.
+async fn routed(stack: &Stack, body: &str) -> (usize, u64) {
+    let before = futures::future::join_all(stack.workers.iter().map(|w| w.served())).await;
+    let r = stack.post("/v1/chat/completions", body).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap_or_default();
+    let after = futures::future::join_all(stack.workers.iter().map(|w| w.served())).await;
+    let served = (0..after.len())
+        .find(|&i| after[i] > before[i])
+        .expect("a worker served it");
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (served, cached)
+}
+
+async fn follows_the_events(policy: &str) {
+    let stack = start(policy).await;
+    subscribed_and_reset(&stack).await;
+    let system = system_prompt("alpha");
+    // Worker 1 caches the system prompt from traffic this router never
+    // saw: only its events tell.
+    let (holder, evicted) = (1, 2);
+    direct(&stack.workers[holder], "warm-up").await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", stack.workers[holder].url))
+        .header("content-type", "application/json")
+        .body(chat_with(&system, "first question"))
+        .send()
+        .await
+        .map(|r| r.status().as_u16());
+    assert_eq!(r.ok(), Some(200));
+    assert!(caught_up(&stack, &stack.workers[holder]).await);
+    for i in 0..5 {
+        let (served, cached) = routed(&stack, &chat_with(&system, &format!("question {i}"))).await;
+        assert_eq!(
+            served,
+            holder,
+            "request {i} went elsewhere: {}",
+            kv(&stack, &stack.workers[holder]).await
+        );
+        assert!(cached > 0, "request {i} found nothing cached");
+    }
+
+    // The holder drops everything (AllBlocksCleared) and another worker
+    // caches the prompt behind the router's back. The tree still says the
+    // holder; within a second the router must say the other.
+    let flushed = reqwest::Client::new()
+        .post(format!("{}/flush_cache", stack.workers[holder].url))
+        .send()
+        .await
+        .map(|r| r.status().as_u16());
+    assert_eq!(flushed.ok(), Some(200));
+    let r = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/chat/completions",
+            stack.workers[evicted].url
+        ))
+        .header("content-type", "application/json")
+        .body(chat_with(&system, "elsewhere"))
+        .send()
+        .await
+        .map(|r| r.status().as_u16());
+    assert_eq!(r.ok(), Some(200));
+    let changed = Instant::now();
+    let mut moved = None;
+    let mut i = 0;
+    while changed.elapsed() < Duration::from_secs(1) {
+        i += 1;
+        let (served, _) = routed(&stack, &chat_with(&system, &format!("after {i}"))).await;
+        if served == evicted {
+            moved = Some(changed.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        moved.is_some(),
+        "still not routed to the new holder 1 s after the change: {}",
+        kv(&stack, &stack.workers[evicted]).await
+    );
+    for j in 0..3 {
+        let (served, cached) = routed(&stack, &chat_with(&system, &format!("later {j}"))).await;
+        assert_eq!(served, evicted, "request {j} after the move");
+        assert!(cached > 0);
+    }
+    let metrics = stack.metrics().await;
+    assert!(
+        metrics.contains("sgl_router_exact_cache_decisions_total{reason=\"events\"}"),
+        "{metrics}"
+    );
+    let v = kv(&stack, &stack.workers[evicted]).await;
+    assert_eq!(v["routing"], "events", "{v}");
+}
+
+/// The share of `stack`'s self-checks that agreed, and how many there were.
+async fn agreement(stack: &Stack) -> (f64, u64) {
+    let (mut checked, mut agreed) = (0, 0);
+    for w in &stack.workers {
+        let v = kv(stack, w).await;
+        checked += v["checked"].as_u64().unwrap_or(0);
+        agreed += v["agreed"].as_u64().unwrap_or(0);
+    }
+    (agreed as f64 / checked.max(1) as f64, checked)
+}
+
+#[tokio::test]
+async fn predicted_cached_tokens_agree_with_what_the_workers_report() {
+    let stack = start("cost_aware").await;
+    subscribed_and_reset(&stack).await;
+    let systems: Vec<String> = ["red", "green", "blue"]
+        .iter()
+        .map(|t| system_prompt(t))
+        .collect();
+    let mut sent = 0;
+    for round in 0..12 {
+        for (k, system) in systems.iter().enumerate() {
+            // Chat, streamed every other round (usage in its last event).
+            let mut body: Value =
+                serde_json::from_str(&chat_with(system, &format!("q{round}"))).unwrap_or_default();
+            if round % 2 == 1 {
+                body["stream"] = json!(true);
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            let r = stack.post("/v1/chat/completions", &body.to_string()).await;
+            assert_eq!(r.status(), 200);
+            let _ = r.bytes().await;
+            // Plain text, which the workers tokenize with the BOS.
+            let text = format!("{system} completion {round}");
+            let r = stack
+                .post(
+                    "/v1/completions",
+                    &json!({"model": "m", "max_tokens": 1, "prompt": text}).to_string(),
+                )
+                .await;
+            assert_eq!(r.status(), 200);
+            let _ = r.bytes().await;
+            let r = stack
+                .post(
+                    "/generate",
+                    &json!({"text": format!("{system} generate {round} {k}"),
+                            "sampling_params": {"max_new_tokens": 1}})
+                    .to_string(),
+                )
+                .await;
+            assert_eq!(r.status(), 200);
+            let _ = r.bytes().await;
+            sent += 3;
+        }
+    }
+    let (share, checked) = agreement(&stack).await;
+    assert!(
+        checked as f64 >= 0.95 * sent as f64,
+        "{checked} of {sent} checked"
+    );
+    assert!(share >= 0.99, "agreement {share} over {checked}");
+    for w in &stack.workers {
+        let v = kv(&stack, w).await;
+        assert_eq!(v["routing"], "events", "{v}");
+    }
+}
+
+/// A router whose chat template differs from the workers' predicts wrong
+/// cached tokens: its self-check must notice and route on the tree.
+#[tokio::test]
+async fn a_template_that_differs_from_the_workers_is_caught_by_the_self_check() {
+    let model = fresh_dir(&format!("sglang-e2e-model-{}-wrong", std::process::id()))
+        .expect("a model directory");
+    sglang_envoy_prompt::fixture::write_model_files(&model).expect("model files written");
+    // The router's template adds a line the workers' does not.
+    let wrong = model.join("wrong.jinja");
+    std::fs::write(
+        &wrong,
+        format!(
+            "router-only preamble\n{}",
+            sglang_envoy_prompt::fixture::CHAT_TEMPLATE
+        ),
+    )
+    .expect("template written");
+    let model = model.display().to_string();
+    let stack = Stack::start(StackOptions {
+        workers: 2,
+        policy: "cost_aware".into(),
+        worker_args: vec![
+            "--kv-events-config".into(),
+            CONFIG.into(),
+            "--tokenizer-path".into(),
+            model.clone(),
+            "--enable-cache-report".into(),
+        ],
+        cp_args: vec![
+            "--tokenizer-path".into(),
+            model,
+            "--chat-template".into(),
+            wrong.display().to_string(),
+        ],
+        ..Default::default()
+    })
+    .await
+    .expect("stack starts");
+    subscribed_and_reset(&stack).await;
+    let system = system_prompt("mismatch");
+    for i in 0..60 {
+        let r = stack
+            .post(
+                "/v1/chat/completions",
+                &chat_with(&system, &format!("q{i}")),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        let _ = r.bytes().await;
+    }
+    let (share, checked) = agreement(&stack).await;
+    assert!(checked >= 55, "{checked}");
+    assert!(share < 0.9, "the wrong template agreed {share}");
+    let routing: Vec<Value> =
+        futures::future::join_all(stack.workers.iter().map(|w| kv(&stack, w)))
+            .await
+            .into_iter()
+            .map(|v| v["routing"].clone())
+            .collect();
+    assert!(routing.contains(&json!("tree")), "{routing:?}");
+    assert!(
+        stack.control_plane_log().contains("KV-event self-check"),
+        "logged loudly"
+    );
+}
+
+#[tokio::test]
+async fn cost_aware_follows_the_workers_kv_events() {
+    follows_the_events("cost_aware").await;
+}
+
+#[tokio::test]
+async fn cache_aware_follows_the_workers_kv_events() {
+    follows_the_events("cache_aware").await;
+}
