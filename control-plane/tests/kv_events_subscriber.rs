@@ -420,7 +420,11 @@ async fn discovery_from_server_info_and_removal_drop_the_worker() {
         &mut publisher,
         &frames,
         "the advertised publisher's batch",
-        || kv.view(&base).is_some_and(|v| v.live),
+        // Live from the subscription on; the batch shows as a seq.
+        || {
+            kv.view(&base)
+                .is_some_and(|v| v.live && v.ranks.iter().all(|r| r.last_seq.is_some()))
+        },
     )
     .await;
     let view = kv.view(&base).unwrap();
