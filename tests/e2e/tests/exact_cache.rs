@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sglang_envoy_e2e::kv_events::{caught_up, direct, kv, subscribed_and_reset, CONFIG};
-use sglang_envoy_e2e::{fresh_dir, Stack, StackOptions};
+use sglang_envoy_e2e::{fresh_dir, wait_until, SimWorker, Stack, StackOptions};
 
 /// A system prompt long enough to fill many 16-token pages.
 fn system_prompt(tag: &str) -> String {
@@ -31,11 +31,16 @@ fn chat_with(system: &str, question: &str) -> String {
     .to_string()
 }
 
-async fn start(policy: &str) -> Stack {
-    let model = fresh_dir(&format!("sglang-e2e-model-{}-{policy}", std::process::id()))
+/// A directory with the fixture model's files.
+fn model_dir(tag: &str) -> String {
+    let model = fresh_dir(&format!("sglang-e2e-model-{}-{tag}", std::process::id()))
         .expect("a model directory");
     sglang_envoy_prompt::fixture::write_model_files(&model).expect("model files written");
-    let model = model.display().to_string();
+    model.display().to_string()
+}
+
+async fn start(policy: &str) -> Stack {
+    let model = model_dir(policy);
     Stack::start(StackOptions {
         workers: 3,
         policy: policy.into(),
@@ -56,11 +61,16 @@ async fn start(policy: &str) -> Stack {
 /// Sends `body` through Envoy; the index of the worker that served it and
 /// the cached tokens it reported.
 async fn routed(stack: &Stack, body: &str) -> (usize, u64) {
-    let before = futures::future::join_all(stack.workers.iter().map(|w| w.served())).await;
+    routed_among(stack, &stack.workers, body).await
+}
+
+/// [`routed`] for a stack whose workers are `workers` (another stack's).
+async fn routed_among(stack: &Stack, workers: &[SimWorker], body: &str) -> (usize, u64) {
+    let before = futures::future::join_all(workers.iter().map(|w| w.served())).await;
     let r = stack.post("/v1/chat/completions", body).await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap_or_default();
-    let after = futures::future::join_all(stack.workers.iter().map(|w| w.served())).await;
+    let after = futures::future::join_all(workers.iter().map(|w| w.served())).await;
     let served = (0..after.len())
         .find(|&i| after[i] > before[i])
         .expect("a worker served it");
@@ -290,4 +300,61 @@ async fn cost_aware_follows_the_workers_kv_events() {
 #[tokio::test]
 async fn cache_aware_follows_the_workers_kv_events() {
     follows_the_events("cache_aware").await;
+}
+
+/// Two routers (each its own Envoy and control plane) in front of the same
+/// workers, fed by the same events: for prompts whose prefixes were cached
+/// behind both routers' backs, both choose the worker that holds them.
+#[tokio::test]
+async fn two_control_planes_fed_by_the_same_events_choose_alike() {
+    let a = start("cost_aware").await;
+    let urls: Vec<String> = a.workers.iter().map(|w| w.url.clone()).collect();
+    let mut cp_args = vec!["--worker-urls".to_string()];
+    cp_args.extend(urls);
+    cp_args.extend(["--tokenizer-path".into(), model_dir("second")]);
+    let b = Stack::start(StackOptions {
+        workers: 0,
+        policy: "cost_aware".into(),
+        cp_args,
+        ..Default::default()
+    })
+    .await
+    .expect("second stack starts");
+    subscribed_and_reset(&a).await;
+    for w in &a.workers {
+        let subscribed = wait_until(Duration::from_secs(15), || async {
+            kv(&b, w).await["ranks"][0]["subscribed"] == true
+        })
+        .await;
+        assert!(subscribed, "{}", kv(&b, w).await);
+    }
+    // Each worker gets a system prompt of its own, straight from a client.
+    let systems: Vec<String> = (0..3)
+        .map(|i| system_prompt(&format!("shared{i}")))
+        .collect();
+    for (w, system) in a.workers.iter().zip(&systems) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", w.url))
+            .header("content-type", "application/json")
+            .body(chat_with(system, "warm"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16());
+        assert_eq!(r.ok(), Some(200));
+    }
+    for w in &a.workers {
+        assert!(caught_up(&a, w).await);
+        let last = kv(&a, w).await["ranks"][0]["last_seq"].clone();
+        let same = wait_until(Duration::from_secs(10), || async {
+            kv(&b, w).await["ranks"][0]["last_seq"] == last
+        })
+        .await;
+        assert!(same, "the second control plane applied what the first did");
+    }
+    for k in 0..6 {
+        let system = &systems[k % 3];
+        let (via_a, _) = routed(&a, &chat_with(system, &format!("a{k}"))).await;
+        let (via_b, _) = routed_among(&b, &a.workers, &chat_with(system, &format!("b{k}"))).await;
+        assert_eq!((via_a, via_b), (k % 3, k % 3), "prompt {k}");
+    }
 }
