@@ -151,8 +151,11 @@ pub fn quality_rivals() -> impl Iterator<Item = Contender> {
 /// one). A policy may carry flags of its own, as this one does: the
 /// shipped policy blind to the workers' load reports (routing on the
 /// router's own counts only, as before they were read).
-pub const QUALITY_CANDIDATES: &[Contender] =
-    &[Contender::ours("cost_aware --disable-load-monitoring")];
+pub const QUALITY_CANDIDATES: &[Contender] = &[
+    Contender::ours("cost_aware --disable-load-monitoring"),
+    // Its tree alone where workers publish KV events ("drifting caches").
+    Contender::ours("cost_aware --disable-kv-events"),
+];
 
 /// Seeds of scenario 2: every cell runs once per seed (workload text,
 /// arrivals and users all change with it), and the report shows the mean
@@ -331,6 +334,13 @@ pub struct QualityParams {
     /// conversations of its share of the users (user id modulo this): a
     /// fleet shared with traffic each router cannot see.
     pub routers: usize,
+    /// Workers publish KV events and tokenize with the fixture model's
+    /// files ([`kv_model_dir`]); this project's routers get the same files
+    /// and route on the events.
+    pub kv_events: bool,
+    /// The first worker's cache is flushed this long after the first
+    /// arrival (what a restart does to it: the tree does not know).
+    pub flush_first_worker_at: Option<Duration>,
     /// How many of [`QUALITY_SEEDS`] each cell runs with.
     pub seeds: usize,
     /// How many of [`QUALITY_HELD_OUT_SEEDS`] each shape runs with (0:
@@ -394,8 +404,27 @@ impl QualityParams {
         if self.pd.is_some() {
             args.extend(["--disaggregation-timeout-ms".into(), "10000".into()]);
         }
+        if self.kv_events {
+            args.extend([
+                "--kv-events-config".into(),
+                KV_EVENTS_CONFIG.into(),
+                "--tokenizer-path".into(),
+                kv_model_dir().display().to_string(),
+            ]);
+        }
         args
     }
+}
+
+/// The simulated workers' `--kv-events-config` in shapes with KV events:
+/// publishers and replay on free ports, advertised in `/server_info`.
+pub const KV_EVENTS_CONFIG: &str =
+    r#"{"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0","topic":"kv"}"#;
+
+/// Where the fixture model's tokenizer files are written for shapes with
+/// KV events (the workers and this project's routers read them).
+pub fn kv_model_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("sglang-bench-model-{}", std::process::id()))
 }
 
 /// Scenario 3: the decision engine in-process (criterion benches and the
@@ -490,6 +519,8 @@ impl Profile {
                 slow_first_worker: 1,
                 pd: None,
                 routers: 1,
+                kv_events: false,
+                flush_first_worker_at: None,
                 seeds: QUALITY_SEEDS.len(),
                 held_out_seeds: QUALITY_HELD_OUT_SEEDS.len(),
             },

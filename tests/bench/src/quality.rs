@@ -125,6 +125,13 @@ impl Workers {
 /// routers.
 fn router_args(p: &QualityParams, c: Contender) -> Vec<String> {
     let mut a = Vec::new();
+    let ours = matches!(c, Contender::Ours(_) | Contender::OursExtProc(_));
+    if p.kv_events && ours {
+        a.extend([
+            "--tokenizer-path".to_string(),
+            crate::params::kv_model_dir().display().to_string(),
+        ]);
+    }
     if p.dp_size > 1 {
         a.push("--dp-aware".to_string());
     }
@@ -267,6 +274,9 @@ async fn cell(
 ) -> anyhow::Result<QualityRow> {
     let p = &shape.params;
     let tag = "quality";
+    if p.kv_events {
+        sglang_envoy_prompt::fixture::write_model_files(&crate::params::kv_model_dir())?;
+    }
     let mut workers = Workers::start(paths, p, tag).await?;
     let n = p.routers.max(1);
     let mut routers = Vec::with_capacity(n);
@@ -289,9 +299,21 @@ async fn cell(
         let url = format!("{}/v1/chat/completions", r.base);
         async move { loadgen::open_loop(&url, Arc::new(share), p.drain).await }
     });
+    // A restart's effect on the first worker's cache, which only its
+    // events tell a router.
+    let flush = p.flush_first_worker_at.and_then(|at| {
+        let url = format!("{}/flush_cache", workers.prefill.urls.first()?);
+        Some(tokio::spawn(async move {
+            tokio::time::sleep(at).await;
+            let _ = reqwest::Client::new().post(url).send().await;
+        }))
+    });
     let mut outcomes = Vec::with_capacity(schedule.len());
     for run in futures::future::join_all(runs).await {
         outcomes.extend(run?.0);
+    }
+    if let Some(f) = flush {
+        f.abort();
     }
     for r in &mut routers {
         r.check_alive()?;

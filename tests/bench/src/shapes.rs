@@ -68,6 +68,23 @@ pub fn matrix(base: &QualityParams) -> Vec<Shape> {
             params: with(&|p| p.routers = 2),
         },
         Shape {
+            // The byte-level BPE makes about 1 token a byte (the toy
+            // tokenizer 4 bytes): 100 us a token keeps prefill times
+            // those of the base shape; 24k tokens hold about 4 system
+            // prompts, so the caches evict all the time.
+            name: "drifting caches",
+            what: "workers publish KV events and tokenize with a byte-level BPE (100 us a token): 12 system prompts of 6000 chars, a 24k-token cache per worker (about 4 of them), the first worker's cache flushed 10 s in (a restart); this project routes on the events (`cost_aware --disable-kv-events`: its tree alone); 24 req/s",
+            shared: true,
+            params: with(&|p| {
+                p.kv_events = true;
+                p.system_prompts = 12;
+                p.prefill_us_per_token = 100;
+                p.cache_tokens = 24_000;
+                p.flush_first_worker_at = Some(Duration::from_secs(10));
+                p.rate = 24.0;
+            }),
+        },
+        Shape {
             name: "slow worker",
             what: "the first worker 3x slower at prefill and decode (the fleet has ~3.3 workers' capacity)",
             shared: true,
