@@ -39,18 +39,35 @@ fn model_dir(tag: &str) -> String {
     model.display().to_string()
 }
 
+/// Flags of workers that publish KV events and tokenize with `model`.
+fn worker_args(model: &str) -> Vec<String> {
+    vec![
+        "--kv-events-config".into(),
+        CONFIG.into(),
+        "--tokenizer-path".into(),
+        model.into(),
+        "--enable-cache-report".into(),
+    ]
+}
+
+/// Sends a chat `body` straight to `worker`, behind the router's back.
+async fn behind_the_back(worker: &SimWorker, body: String) {
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", worker.url))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .map(|r| r.status().as_u16());
+    assert_eq!(r.ok(), Some(200));
+}
+
 async fn start(policy: &str) -> Stack {
     let model = model_dir(policy);
     Stack::start(StackOptions {
         workers: 3,
         policy: policy.into(),
-        worker_args: vec![
-            "--kv-events-config".into(),
-            CONFIG.into(),
-            "--tokenizer-path".into(),
-            model.clone(),
-            "--enable-cache-report".into(),
-        ],
+        worker_args: worker_args(&model),
         cp_args: vec!["--tokenizer-path".into(), model],
         ..Default::default()
     })
@@ -88,14 +105,7 @@ async fn follows_the_events(policy: &str) {
     // saw: only its events tell.
     let (holder, evicted) = (1, 2);
     direct(&stack.workers[holder], "warm-up").await;
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", stack.workers[holder].url))
-        .header("content-type", "application/json")
-        .body(chat_with(&system, "first question"))
-        .send()
-        .await
-        .map(|r| r.status().as_u16());
-    assert_eq!(r.ok(), Some(200));
+    behind_the_back(&stack.workers[holder], chat_with(&system, "first question")).await;
     assert!(caught_up(&stack, &stack.workers[holder]).await);
     for i in 0..5 {
         let (served, cached) = routed(&stack, &chat_with(&system, &format!("question {i}"))).await;
@@ -230,11 +240,9 @@ async fn predicted_cached_tokens_agree_with_what_the_workers_report() {
 /// cached tokens: its self-check must notice and route on the tree.
 #[tokio::test]
 async fn a_template_that_differs_from_the_workers_is_caught_by_the_self_check() {
-    let model = fresh_dir(&format!("sglang-e2e-model-{}-wrong", std::process::id()))
-        .expect("a model directory");
-    sglang_envoy_prompt::fixture::write_model_files(&model).expect("model files written");
+    let model = model_dir("wrong");
     // The router's template adds a line the workers' does not.
-    let wrong = model.join("wrong.jinja");
+    let wrong = std::path::Path::new(&model).join("wrong.jinja");
     std::fs::write(
         &wrong,
         format!(
@@ -243,17 +251,10 @@ async fn a_template_that_differs_from_the_workers_is_caught_by_the_self_check() 
         ),
     )
     .expect("template written");
-    let model = model.display().to_string();
     let stack = Stack::start(StackOptions {
         workers: 2,
         policy: "cost_aware".into(),
-        worker_args: vec![
-            "--kv-events-config".into(),
-            CONFIG.into(),
-            "--tokenizer-path".into(),
-            model.clone(),
-            "--enable-cache-report".into(),
-        ],
+        worker_args: worker_args(&model),
         cp_args: vec![
             "--tokenizer-path".into(),
             model,
@@ -333,14 +334,7 @@ async fn two_control_planes_fed_by_the_same_events_choose_alike() {
         .map(|i| system_prompt(&format!("shared{i}")))
         .collect();
     for (w, system) in a.workers.iter().zip(&systems) {
-        let r = reqwest::Client::new()
-            .post(format!("{}/v1/chat/completions", w.url))
-            .header("content-type", "application/json")
-            .body(chat_with(system, "warm"))
-            .send()
-            .await
-            .map(|r| r.status().as_u16());
-        assert_eq!(r.ok(), Some(200));
+        behind_the_back(w, chat_with(system, "warm")).await;
     }
     for w in &a.workers {
         assert!(caught_up(&a, w).await);
