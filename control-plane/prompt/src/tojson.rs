@@ -13,17 +13,22 @@ use serde_json::ser::{Formatter, PrettyFormatter, Serializer};
 /// Python's default separators, `", "` and `": "`.
 struct PythonCompact;
 
+/// `", "` before every item but the first.
+fn item_separator<W: ?Sized + io::Write>(w: &mut W, first: bool) -> io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        w.write_all(b", ")
+    }
+}
+
 impl Formatter for PythonCompact {
     fn begin_array_value<W: ?Sized + io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        item_separator(w, first)
     }
 
     fn begin_object_key<W: ?Sized + io::Write>(
@@ -31,11 +36,7 @@ impl Formatter for PythonCompact {
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        item_separator(w, first)
     }
 
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
