@@ -216,6 +216,9 @@ impl Engine {
         input.exact = exact.as_ref().map(|m| m.bytes.as_slice());
         let selection = self.policies.regular.select(&serving, &input);
         let worker = serving.get(selection.index).ok_or_else(no_unit)?;
+        if let (Some(cache), Some(m)) = (&self.exact, &exact) {
+            cache.note_routed(worker, m);
+        }
         let plan = retry::plan(
             &serving,
             selection.index,
@@ -280,6 +283,9 @@ impl Engine {
         let (Some(prefill), Some(decode)) = (prefills.get(p.index), decodes.get(d.index)) else {
             return Err(no_unit());
         };
+        if let (Some(cache), Some(m)) = (&self.exact, &exact) {
+            cache.note_routed(prefill, m);
+        }
         let pd_fields = pd::pd_fields(route, &body, prefill, decode, &self.rids);
         let prefill_body = body
             .with_fields(&pd::as_pairs(&pd_fields.prefill))
