@@ -152,6 +152,14 @@ impl ExactCache {
             let Some(chain) = page.and_then(|p| m.chain(p)) else {
                 continue;
             };
+            // Only what it does not hold yet is on its way: a page it
+            // stores and then drops must not come back as routed.
+            let page = page.unwrap_or(1).max(1);
+            let held = index
+                .cached_tokens(w.base_url.as_str(), r, chain)
+                .unwrap_or(0)
+                / page;
+            let chain = &chain[held.min(chain.len())..];
             let pages = pending.entry((w.base_url.clone(), r)).or_default();
             if pages.len() + chain.len() > PENDING_CAP {
                 pages.retain(|_, until| *until > now);

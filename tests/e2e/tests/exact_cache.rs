@@ -13,7 +13,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sglang_envoy_e2e::kv_events::{caught_up, direct, kv, subscribed_and_reset, CONFIG};
+use sglang_envoy_e2e::kv_events::{
+    caught_up, direct, kv, sim_last_seq, subscribed_and_reset, CONFIG,
+};
 use sglang_envoy_e2e::{fresh_dir, wait_until, SimWorker, Stack, StackOptions};
 
 /// A system prompt long enough to fill many 16-token pages.
@@ -127,33 +129,23 @@ async fn follows_the_events(policy: &str) {
         .await
         .map(|r| r.status().as_u16());
     assert_eq!(flushed.ok(), Some(200));
-    let r = reqwest::Client::new()
-        .post(format!(
-            "{}/v1/chat/completions",
-            stack.workers[evicted].url
-        ))
-        .header("content-type", "application/json")
-        .body(chat_with(&system, "elsewhere"))
-        .send()
-        .await
-        .map(|r| r.status().as_u16());
-    assert_eq!(r.ok(), Some(200));
+    behind_the_back(&stack.workers[evicted], chat_with(&system, "elsewhere")).await;
     let changed = Instant::now();
-    let mut moved = None;
-    let mut i = 0;
-    while changed.elapsed() < Duration::from_secs(1) {
-        i += 1;
-        let (served, _) = routed(&stack, &chat_with(&system, &format!("after {i}"))).await;
-        if served == evicted {
-            moved = Some(changed.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The router's view follows within a second: nothing left on the old
+    // holder, the new holder's batch applied.
+    let (old, new) = (&stack.workers[holder], &stack.workers[evicted]);
+    let followed = wait_until(Duration::from_secs(1), || async {
+        let last = sim_last_seq(new).await;
+        kv(&stack, old).await["blocks"] == 0
+            && last.is_some()
+            && kv(&stack, new).await["ranks"][0]["last_seq"].as_i64() == last
+    })
+    .await;
     assert!(
-        moved.is_some(),
-        "still not routed to the new holder 1 s after the change: {}",
-        kv(&stack, &stack.workers[evicted]).await
+        followed,
+        "the router's view did not follow within 1 s ({:?}): {}",
+        changed.elapsed(),
+        kv(&stack, new).await
     );
     for j in 0..3 {
         let (served, cached) = routed(&stack, &chat_with(&system, &format!("later {j}"))).await;
