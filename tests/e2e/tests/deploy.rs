@@ -1214,11 +1214,19 @@ fn exported_metrics() -> BTreeMap<String, BTreeSet<String>> {
             (c.get(2).map(|m| m.as_str().to_string()), kind),
         );
     }
-    // Label structs: `struct RouteLabel { route: String, }`.
-    let label_re = Regex::new(r"struct (\w+) \{\s*(\w+): String,\s*\}").unwrap();
-    let labels: BTreeMap<String, String> = label_re
+    // Label structs: `struct RouteLabel { route: String, }`, or with
+    // several labels: `struct CheckLabel { worker: String, result: &'static str, }`.
+    let label_re = Regex::new(r"struct (\w+Label) \{([^}]*)\}").unwrap();
+    let field_name_re = Regex::new(r"(\w+):").unwrap();
+    let labels: BTreeMap<String, Vec<String>> = label_re
         .captures_iter(&src)
-        .map(|c| (c[1].to_string(), c[2].to_string()))
+        .map(|c| {
+            let names = field_name_re
+                .captures_iter(&c[2])
+                .map(|f| f[1].to_string())
+                .collect();
+            (c[1].to_string(), names)
+        })
         .collect();
     let reg_re =
         Regex::new(r#"registry\.register\(\s*"(\w+)",\s*"[^"]*",\s*m\.(\w+)\.clone\(\),?\s*\)"#)
@@ -1226,7 +1234,7 @@ fn exported_metrics() -> BTreeMap<String, BTreeSet<String>> {
     let mut out = BTreeMap::new();
     for c in reg_re.captures_iter(&src) {
         let (label, kind) = &fields[&c[2]];
-        let label: BTreeSet<String> = label.iter().map(|l| labels[l].clone()).collect();
+        let label: BTreeSet<String> = label.iter().flat_map(|l| labels[l].clone()).collect();
         let name = &c[1];
         let series: Vec<(String, BTreeSet<String>)> = match kind.as_str() {
             "Counter" => vec![(format!("{name}_total"), label)],
