@@ -105,8 +105,6 @@ pub struct Matches {
     pub bytes: Vec<Option<usize>>,
     /// Per worker: the tokens it should report as cached.
     pub tokens: Vec<Option<usize>>,
-    /// The prompt's length in tokens.
-    pub prompt_tokens: usize,
     /// The prompt's page hashes, per page size.
     chains: Vec<(usize, Vec<i64>)>,
 }
@@ -222,11 +220,11 @@ impl ExactCache {
     /// otherwise (SGLang's DP controller then picks).
     fn live_ranks(index: &KvIndex<String>, w: &Worker) -> Option<Vec<u32>> {
         let base = w.base_url.as_str();
+        let known = index.ranks(base);
         let ranks = match w.dp_rank {
             Some(r) => vec![r],
-            None => index.ranks(base),
+            None => known.clone(),
         };
-        let known = index.ranks(base);
         let live = !ranks.is_empty()
             && ranks
                 .iter()
@@ -342,7 +340,6 @@ impl ExactCache {
         Ok(Matches {
             bytes,
             tokens,
-            prompt_tokens: len,
             chains,
         })
     }
