@@ -16,6 +16,9 @@ pub(super) enum Call {
     Grace,
     /// `Complete` of a failed answer, which waits for it.
     Outcome,
+    /// `Complete` of the request's end, sent while the VM has no session
+    /// (its first requests); the answer's last bytes wait for it.
+    End,
     /// The prefill half the filter sent itself (outage fallback).
     LocalPrefill,
 }

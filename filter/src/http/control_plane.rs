@@ -56,7 +56,10 @@ impl Request {
     /// Reports the request's end: on the session stream at once, or, while
     /// there is none, in the root context's next batch. With `hold`, the
     /// answer's last bytes wait (held) until the control plane has counted
-    /// it: `Flow::Wait` then (the caller pauses them).
+    /// it: `Flow::Wait` then (the caller pauses them). A VM's first
+    /// requests end before its session is up (it opens on the next tick):
+    /// with `hold`, their ends take a `Complete` call of their own, so that
+    /// their clients never find them in `/get_loads` either.
     pub(super) fn report_end(&mut self, completion: Completion, hold: bool) -> Flow {
         let ticket = completion.ticket;
         let up = SessionUp {
@@ -78,9 +81,21 @@ impl Request {
         if sent {
             return Flow::Go;
         }
-        if let Some(Kind::End(completion)) = up.kind {
-            self.shared.queue.push(completion);
+        let Some(Kind::End(completion)) = up.kind else {
+            return Flow::Go;
+        };
+        if hold {
+            let report = CompleteRequest {
+                completions: vec![completion.clone()],
+            }
+            .encode_to_vec();
+            if self.call("Complete", &report, REPORT_WAIT, Call::End) {
+                self.end_on_call = Some(completion);
+                self.hold(Hold::AnswerEnd, REPORT_WAIT);
+                return Flow::Wait;
+            }
         }
+        self.shared.queue.push(completion);
         Flow::Go
     }
 
@@ -245,6 +260,22 @@ impl Request {
             Call::Outcome => {
                 self.unhold();
                 self.resume_http_response();
+            }
+            Call::End => {
+                let end = self.end_on_call.take();
+                if grpc_status != Some(0) {
+                    warn!(
+                        "reporting the end of {} failed; it goes in the next batch",
+                        self.lc.path()
+                    );
+                    if let Some(completion) = end {
+                        self.shared.queue.push(completion);
+                    }
+                }
+                // Unless the hold ran out first (the answer went on then).
+                if self.shared.holds.held(self.context_id) == Some(Hold::AnswerEnd) {
+                    self.end_counted();
+                }
             }
             Call::Prefill | Call::Grace => {
                 let outcome = self.answer::<PrefillOutcome>(grpc_status, size);

@@ -13,7 +13,7 @@ use sglang_envoy_body::over_budget;
 use sglang_envoy_lifecycle::{
     BodyStep, HeadStep, Lifecycle, LocalReply, RequestHead, ResponseHead, Settings,
 };
-use sglang_envoy_proto::{PRIORITY_HEADER, ROUTING_KEY_HEADER};
+use sglang_envoy_proto::{Completion, PRIORITY_HEADER, ROUTING_KEY_HEADER};
 
 mod calls;
 mod context;
@@ -81,6 +81,10 @@ pub struct Request {
     response_held: usize,
     /// PD: when the prefill's outcome is due at the latest.
     prefill_until: Option<SystemTime>,
+    /// The end reported with a `Complete` call of its own (`Call::End`),
+    /// kept until that call answers: if it fails, or the stream ends
+    /// first, the end goes into the root's batched report instead.
+    end_on_call: Option<Completion>,
 }
 
 impl Request {
@@ -111,6 +115,7 @@ impl Request {
             calls: Calls::new(context_id, shared.call_owners.clone()),
             response_held: 0,
             prefill_until: None,
+            end_on_call: None,
         }
     }
 
@@ -329,6 +334,12 @@ impl HttpContext for Request {
         self.shared.session.forget(self.lc.ticket());
         self.calls.forget_all();
         self.reservation.release();
+        // Its call was cancelled with the stream, maybe before it arrived
+        // (the control plane counts an end once, so a second report of it
+        // is harmless).
+        if let Some(completion) = self.end_on_call.take() {
+            self.shared.queue.push(completion);
+        }
         if let Some(completion) = self.lc.end(&end_facts(self.elapsed_us())) {
             self.report_end(completion, false);
         }

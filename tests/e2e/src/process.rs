@@ -1,6 +1,7 @@
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -11,6 +12,9 @@ pub struct Proc {
     name: String,
     child: Option<Child>,
     log: PathBuf,
+    /// Runs in a process group of its own, killed whole (a script's
+    /// children must not outlive a failed test and hold its ports).
+    group: bool,
 }
 
 impl Proc {
@@ -27,9 +31,36 @@ impl Proc {
         dir: &Path,
         env: &[(String, String)],
     ) -> anyhow::Result<Proc> {
+        Proc::start(name, program, args, dir, env, false)
+    }
+
+    /// [`Proc::spawn_env`] for a script that starts processes of its own:
+    /// killing it kills them all.
+    pub fn spawn_script(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Proc> {
+        Proc::start(name, program, args, dir, env, true)
+    }
+
+    fn start(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        env: &[(String, String)],
+        group: bool,
+    ) -> anyhow::Result<Proc> {
         let log = dir.join(format!("{name}.log"));
         let out = File::create(&log)?;
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        if group {
+            command.process_group(0);
+        }
+        let child = command
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(out.try_clone()?)
@@ -41,12 +72,18 @@ impl Proc {
             name: name.to_string(),
             child: Some(child),
             log,
+            group,
         })
     }
 
     /// Kills the process now (SIGKILL, like a crash) and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            if self.group {
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{}", c.id())])
+                    .status();
+            }
             let _ = c.kill();
             let _ = c.wait();
         }

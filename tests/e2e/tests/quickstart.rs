@@ -87,7 +87,7 @@ async fn the_quick_start_serves_what_it_prints() {
             .display()
             .to_string(),
     );
-    let mut qs = Proc::spawn_env("quickstart", Path::new("env"), &args, &dir, &env).unwrap();
+    let mut qs = Proc::spawn_script("quickstart", Path::new("env"), &args, &dir, &env).unwrap();
 
     // Setting up and building are no-ops after scripts/test.sh's own; a
     // first run on a bare machine takes minutes.

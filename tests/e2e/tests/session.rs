@@ -218,14 +218,38 @@ async fn loads_read_zero_right_after_each_answer() {
         return;
     }
     let stack = Stack::with_workers(2).await;
-    // Until its session is up, a VM reports ends in a batch every 20 ms.
     assert!(session_up(&stack, Duration::from_secs(5)).await);
+    loads_zero_after_each_answer(&stack, 100, "one by one").await;
+}
+
+#[tokio::test]
+async fn loads_read_zero_after_answers_sent_before_the_session_is_up() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("the wasm filter's session only");
+        return;
+    }
+    // A VM opens its session on the tick after its first request: with a
+    // tick a minute away, every request here comes before it, as a fresh
+    // Envoy's first requests do (the quick start's test caught a client
+    // that read its request in /get_loads).
+    let stack = Stack::start(StackOptions {
+        workers: 2,
+        filter_options: r#", "report_interval_ms": 60000"#.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    loads_zero_after_each_answer(&stack, 20, "before the session").await;
+    assert_eq!(stack.metric("sgl_router_filter_sessions").await, 0.0);
+}
+
+/// Sends `n` completions one by one; after each answer the loads read zero.
+async fn loads_zero_after_each_answer(stack: &Stack, n: usize, tag: &str) {
     // One client, kept alive: the loads are read within a millisecond or
-    // so of the answer (a new client would take longer to build than a
-    // batched report takes to go out).
+    // so of the answer.
     let client = reqwest::Client::new();
-    for i in 0..100 {
-        let body = json!({"model": "m", "prompt": format!("one by one {i}"), "max_tokens": 3});
+    for i in 0..n {
+        let body = json!({"model": "m", "prompt": format!("{tag} {i}"), "max_tokens": 3});
         let r = client
             .post(stack.url("/v1/completions"))
             .json(&body)
