@@ -13,7 +13,11 @@
 //! [`KvEvents::run`] follows the registry: a new worker gets a discovery
 //! task (retried with backoff while it does not answer), then its rank
 //! subscriptions; a removed worker's tasks are aborted (closing their
-//! sockets) and its blocks dropped from the index.
+//! sockets) and its blocks dropped from the index. A worker the health
+//! checks saw go down and come back is followed afresh, as a new one: a
+//! restart empties its cache without a word on the event stream (the new
+//! process publishes nothing until it stores something), and its publisher
+//! may have moved.
 
 pub mod discovery;
 pub mod replay;
@@ -106,6 +110,32 @@ struct Entry {
     status: Arc<WorkerStatus>,
     alive: Arc<AtomicBool>,
     task: JoinHandle<()>,
+    health: Health,
+}
+
+/// What the health checks said of a followed server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Health {
+    /// Not healthy yet since it was registered (it may still be loading).
+    NotYet,
+    /// Healthy (some unit of it).
+    Up,
+    /// Was healthy, and no longer is: when it comes back, it may be a new
+    /// process.
+    Down,
+}
+
+impl Health {
+    /// The state after a check says `healthy`; also whether the server
+    /// just came back from down.
+    fn next(self, healthy: bool) -> (Health, bool) {
+        match (self, healthy) {
+            (Health::NotYet, false) => (Health::NotYet, false),
+            (Health::Down, true) => (Health::Up, true),
+            (_, true) => (Health::Up, false),
+            (_, false) => (Health::Down, false),
+        }
+    }
 }
 
 /// The subscriber of the whole fleet.
@@ -148,12 +178,13 @@ impl KvEvents {
     /// those no longer there. Must be called within a tokio runtime.
     pub fn sync(&self, workers: &[Arc<Worker>]) {
         // Units of one server share its base URL.
-        let mut servers: BTreeMap<&str, (&str, u32)> = BTreeMap::new();
+        let mut servers: BTreeMap<&str, (&str, u32, bool)> = BTreeMap::new();
         for w in workers {
             let e = servers
                 .entry(w.base_url.as_str())
-                .or_insert((w.host.as_str(), 0));
+                .or_insert((w.host.as_str(), 0, false));
             e.1 += 1;
+            e.2 |= w.is_healthy();
         }
         let mut followed = self.workers.lock();
         let gone: Vec<String> = followed
@@ -166,16 +197,29 @@ impl KvEvents {
                 self.stop(&base, entry);
             }
         }
-        for (base, (host, units)) in servers {
-            if followed.contains_key(base) {
-                continue;
+        for (base, (host, units, healthy)) in servers {
+            if let Some(entry) = followed.get_mut(base) {
+                let (health, back) = entry.health.next(healthy);
+                entry.health = health;
+                if !back {
+                    continue;
+                }
+                info!(
+                    worker = base,
+                    "KV events: the worker is back after being down; what it held is forgotten and its publisher found again"
+                );
+                if let Some(old) = followed.remove(base) {
+                    self.stop(base, old);
+                }
             }
             let dp = workers
                 .iter()
                 .find(|w| w.base_url == base)
                 .and_then(|w| w.facts.dp_size)
                 .unwrap_or(units);
-            followed.insert(base.to_string(), self.start(base, host, dp));
+            let mut entry = self.start(base, host, dp);
+            entry.health = Health::NotYet.next(healthy).0;
+            followed.insert(base.to_string(), entry);
         }
     }
 
@@ -198,6 +242,7 @@ impl KvEvents {
             status,
             alive,
             task,
+            health: Health::NotYet,
         }
     }
 
@@ -208,7 +253,7 @@ impl KvEvents {
         self.index.write().remove_worker(base);
         info!(
             worker = base,
-            "KV events: worker removed; subscription closed"
+            "KV events: subscription closed; the worker's blocks forgotten"
         );
     }
 
@@ -310,6 +355,21 @@ async fn follow(f: Follow, options: KvEventsOptions) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_server_that_was_up_and_went_down_comes_back() {
+        let mut h = Health::NotYet;
+        let mut backs = Vec::new();
+        for healthy in [false, false, true, true, false, false, true, true] {
+            let (next, back) = h.next(healthy);
+            h = next;
+            backs.push(back);
+        }
+        assert_eq!(
+            backs,
+            [false, false, false, false, false, false, true, false]
+        );
+    }
 
     #[test]
     fn backoff_doubles_to_the_cap_and_resets() {

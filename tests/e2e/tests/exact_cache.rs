@@ -65,12 +65,19 @@ async fn behind_the_back(worker: &SimWorker, body: String) {
 }
 
 async fn start(policy: &str) -> Stack {
-    let model = model_dir(policy);
+    start_with(policy, &model_dir(policy), &[]).await
+}
+
+/// Three workers publishing KV events with `extra` flags, tokenizing with
+/// `model` as the control plane does.
+async fn start_with(policy: &str, model: &str, extra: &[String]) -> Stack {
+    let mut worker_args = worker_args(model);
+    worker_args.extend_from_slice(extra);
     Stack::start(StackOptions {
         workers: 3,
         policy: policy.into(),
-        worker_args: worker_args(&model),
-        cp_args: vec!["--tokenizer-path".into(), model],
+        worker_args,
+        cp_args: vec!["--tokenizer-path".into(), model.into()],
         ..Default::default()
     })
     .await
@@ -342,5 +349,145 @@ async fn two_control_planes_fed_by_the_same_events_choose_alike() {
         let (via_a, _) = routed(&a, &chat_with(system, &format!("a{k}"))).await;
         let (via_b, _) = routed_among(&b, &a.workers, &chat_with(system, &format!("b{k}"))).await;
         assert_eq!((via_a, via_b), (k % 3, k % 3), "prompt {k}");
+    }
+}
+
+/// A worker that restarts comes back with an empty cache and publishes
+/// nothing until it stores something: what the router's index said it held
+/// must not keep drawing requests to it. The test kills the worker the
+/// router prefers for a prompt, lets the health checks see it down (a
+/// restarted SGLang takes minutes to load its model), starts it again, and
+/// caches the prompt on another worker behind the router's back: the router
+/// must choose that one.
+#[tokio::test]
+async fn a_restarted_worker_is_not_preferred_for_what_it_held() {
+    let mut stack = start("cost_aware").await;
+    subscribed_and_reset(&stack).await;
+    let system = system_prompt("restart");
+    let (holder, other) = (1, 2);
+    direct(&stack.workers[holder], "warm-up").await;
+    behind_the_back(&stack.workers[holder], chat_with(&system, "first")).await;
+    assert!(caught_up(&stack, &stack.workers[holder]).await);
+    for i in 0..3 {
+        let (served, _) = routed(&stack, &chat_with(&system, &format!("before {i}"))).await;
+        assert_eq!(served, holder, "request {i} before the restart");
+    }
+
+    stack.workers[holder].kill();
+    let url = stack.workers[holder].url.clone();
+    assert!(
+        stack
+            .wait_marked_unhealthy(&url, Duration::from_secs(15))
+            .await,
+        "the killed worker was never marked unhealthy"
+    );
+    stack.workers[holder].restart().expect("worker restarts");
+    let healthy = wait_until(Duration::from_secs(15), || async {
+        stack.get_json("/workers").await["workers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|w| w["url"] == url.as_str() && w["healthy"] == true)
+    })
+    .await;
+    assert!(healthy, "the restarted worker never came back");
+    // The new process holds nothing, and the router knows it at once.
+    let forgotten = wait_until(Duration::from_secs(1), || async {
+        kv(&stack, &stack.workers[holder]).await["blocks"] == 0
+    })
+    .await;
+    assert!(
+        forgotten,
+        "the router still thinks the restarted worker holds blocks: {}",
+        kv(&stack, &stack.workers[holder]).await
+    );
+    behind_the_back(&stack.workers[other], chat_with(&system, "elsewhere")).await;
+    assert!(caught_up(&stack, &stack.workers[other]).await);
+    for j in 0..3 {
+        let (served, cached) = routed(&stack, &chat_with(&system, &format!("after {j}"))).await;
+        assert_eq!(
+            served,
+            other,
+            "request {j} after the restart: {}",
+            kv(&stack, &stack.workers[holder]).await
+        );
+        assert!(cached > 0, "request {j} found nothing cached");
+    }
+    // The restarted worker's events are live again: what it stores now is
+    // known (its SUB socket reconnected to the new process).
+    behind_the_back(
+        &stack.workers[holder],
+        chat_with(&system_prompt("new"), "q"),
+    )
+    .await;
+    assert!(
+        caught_up(&stack, &stack.workers[holder]).await,
+        "no event from the restarted worker: {}",
+        kv(&stack, &stack.workers[holder]).await
+    );
+}
+
+/// A worker whose small cache evicts a prompt's pages publishes
+/// `BlockRemoved`: within a second the router prefers the worker that
+/// still holds the whole prompt, though its tree (which saw the evicted
+/// worker serve that prompt) says otherwise.
+#[tokio::test]
+async fn pages_a_worker_evicts_stop_drawing_requests_within_a_second() {
+    let model = model_dir("evict");
+    let system = system_prompt("evict");
+    let other_system = system_prompt("other");
+    // Each worker's cache holds one and a half system prompts: caching a
+    // second one evicts the tail of the first.
+    let tokens = sglang_envoy_prompt::PromptTokenizer::from_dir(std::path::Path::new(&model))
+        .expect("the fixture model loads")
+        .tokens("/v1/chat/completions", chat_with(&system, "q").as_bytes())
+        .expect("the prompt tokenizes")
+        .ids
+        .len();
+    let cache = (tokens * 3 / 2).to_string();
+    let stack = start_with("cost_aware", &model, &["--cache-tokens".into(), cache]).await;
+    subscribed_and_reset(&stack).await;
+    let (holder, other) = (1, 2);
+    behind_the_back(&stack.workers[holder], chat_with(&system, "first")).await;
+    assert!(caught_up(&stack, &stack.workers[holder]).await);
+    for i in 0..3 {
+        let (served, cached) = routed(&stack, &chat_with(&system, &format!("before {i}"))).await;
+        assert_eq!(served, holder, "request {i} before the eviction");
+        assert!(cached > 0);
+    }
+    // The other worker caches the whole prompt; then the holder caches
+    // another one, which evicts the first one's tail.
+    behind_the_back(&stack.workers[other], chat_with(&system, "elsewhere")).await;
+    let before = kv(&stack, &stack.workers[holder]).await["blocks"].as_u64();
+    behind_the_back(&stack.workers[holder], chat_with(&other_system, "evict")).await;
+    let evicted = Instant::now();
+    let followed = wait_until(Duration::from_secs(1), || async {
+        let mut all = true;
+        for w in [holder, other] {
+            let last = sim_last_seq(&stack.workers[w]).await;
+            all &= last.is_some()
+                && kv(&stack, &stack.workers[w]).await["ranks"][0]["last_seq"].as_i64() == last;
+        }
+        all
+    })
+    .await;
+    assert!(
+        followed,
+        "the router's view did not follow within 1 s ({:?})",
+        evicted.elapsed()
+    );
+    let sim = sglang_envoy_e2e::kv_events::sim_kv(&stack.workers[holder], None).await;
+    let v = kv(&stack, &stack.workers[holder]).await;
+    assert!(
+        v["blocks"].as_u64() < before.map(|b| b + tokens as u64 / 16),
+        "the holder's evicted pages are still counted: {v} (sim: {sim})"
+    );
+    for j in 0..3 {
+        let (served, cached) = routed(&stack, &chat_with(&system, &format!("after {j}"))).await;
+        assert_eq!(served, other, "request {j} after the eviction: {v}");
+        assert!(
+            cached as usize >= tokens / 2,
+            "request {j}: {cached} cached of {tokens}"
+        );
     }
 }
