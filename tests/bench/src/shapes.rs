@@ -147,6 +147,19 @@ pub fn matrix(base: &QualityParams) -> Vec<Shape> {
     ]
 }
 
+/// The "drifting caches" shapes, behind `routers` router stacks.
+fn drifting(base: &QualityParams, routers: usize) -> QualityParams {
+    let mut p = base.clone();
+    p.kv_events = true;
+    p.system_prompts = 12;
+    p.prefill_us_per_token = 100;
+    p.cache_tokens = 24_000;
+    p.flush_first_worker_at = Some(Duration::from_secs(10));
+    p.rate = 12.0;
+    p.routers = routers;
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,17 +177,4 @@ mod tests {
             assert_ne!(format!("{:?}", s.params), format!("{base:?}"), "{}", s.name);
         }
     }
-}
-
-/// The "drifting caches" shapes, behind `routers` router stacks.
-fn drifting(base: &QualityParams, routers: usize) -> QualityParams {
-    let mut p = base.clone();
-    p.kv_events = true;
-    p.system_prompts = 12;
-    p.prefill_us_per_token = 100;
-    p.cache_tokens = 24_000;
-    p.flush_first_worker_at = Some(Duration::from_secs(10));
-    p.rate = 12.0;
-    p.routers = routers;
-    p
 }
