@@ -217,13 +217,13 @@ impl KvEvents {
                 .find(|w| w.base_url == base)
                 .and_then(|w| w.facts.dp_size)
                 .unwrap_or(units);
-            let mut entry = self.start(base, host, dp);
-            entry.health = Health::NotYet.next(healthy).0;
-            followed.insert(base.to_string(), entry);
+            let health = Health::NotYet.next(healthy).0;
+            followed.insert(base.to_string(), self.start(base, host, dp, health));
         }
     }
 
-    fn start(&self, base: &str, host: &str, fallback_dp: u32) -> Entry {
+    /// Follows the server at `base`, last seen as `health`.
+    fn start(&self, base: &str, host: &str, fallback_dp: u32, health: Health) -> Entry {
         let status = Arc::new(WorkerStatus::new(base.to_string()));
         let alive = Arc::new(AtomicBool::new(true));
         let task = tokio::spawn(follow(
@@ -242,7 +242,7 @@ impl KvEvents {
             status,
             alive,
             task,
-            health: Health::NotYet,
+            health,
         }
     }
 

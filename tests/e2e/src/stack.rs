@@ -464,15 +464,15 @@ impl Stack {
         get_json(&self.url(path)).await.unwrap_or_default()
     }
 
-    /// Waits until `/workers` lists the worker at `url` as unhealthy;
-    /// false if it still is not after `timeout`.
-    pub async fn wait_marked_unhealthy(&self, url: &str, timeout: Duration) -> bool {
+    /// Waits until `/workers` lists the worker at `url` with `healthy`
+    /// as given; false if it still is not after `timeout`.
+    pub async fn wait_marked(&self, url: &str, healthy: bool, timeout: Duration) -> bool {
         wait_until(timeout, || async {
             self.get_json("/workers").await["workers"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .any(|w| w["url"] == url && w["healthy"] == false)
+                .any(|w| w["url"] == url && w["healthy"] == healthy)
         })
         .await
     }

@@ -377,20 +377,15 @@ async fn a_restarted_worker_is_not_preferred_for_what_it_held() {
     let url = stack.workers[holder].url.clone();
     assert!(
         stack
-            .wait_marked_unhealthy(&url, Duration::from_secs(15))
+            .wait_marked(&url, false, Duration::from_secs(15))
             .await,
         "the killed worker was never marked unhealthy"
     );
     stack.workers[holder].restart().expect("worker restarts");
-    let healthy = wait_until(Duration::from_secs(15), || async {
-        stack.get_json("/workers").await["workers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|w| w["url"] == url.as_str() && w["healthy"] == true)
-    })
-    .await;
-    assert!(healthy, "the restarted worker never came back");
+    assert!(
+        stack.wait_marked(&url, true, Duration::from_secs(15)).await,
+        "the restarted worker never came back"
+    );
     // The new process holds nothing, and the router knows it at once.
     let forgotten = wait_until(Duration::from_secs(1), || async {
         kv(&stack, &stack.workers[holder]).await["blocks"] == 0

@@ -143,7 +143,7 @@ async fn a_killed_worker_fails_no_request_after_it_died() {
         assert_eq!(r.status(), 200);
     }
     let noticed = stack
-        .wait_marked_unhealthy(&dead, Duration::from_secs(5))
+        .wait_marked(&dead, false, Duration::from_secs(5))
         .await;
     assert!(noticed, "the dead worker is still marked healthy");
     let served: u64 = stack.workers[0].served().await + stack.workers[2].served().await;
