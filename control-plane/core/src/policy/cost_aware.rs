@@ -112,6 +112,48 @@ impl CostAware {
             .collect()
     }
 
+    /// Each worker's cached prefix of the request (bytes; the events'
+    /// exact count where `input` has one, else the tree's guess), and
+    /// other matches for the choice to follow, if any.
+    ///
+    /// They differ in one case: the events say no worker holds more of the
+    /// prompt than another (it was evicted everywhere, or its worker
+    /// restarted), while the tree remembers where it was sent. The choice
+    /// then follows the tree: the prompt goes back to its old worker,
+    /// beside the prompts sent with it, instead of landing wherever the
+    /// load is lowest and evicting some other prompt's pages there. Each
+    /// prompt keeps one home, and small caches stop trading prompts. The
+    /// work counted is still priced on the exact match.
+    fn matches(
+        &self,
+        workers: &[Arc<Worker>],
+        input: &RouteInput<'_>,
+    ) -> (Vec<usize>, Option<Vec<usize>>) {
+        if input.text.is_empty() {
+            return (vec![0; workers.len()], None);
+        }
+        let floor = |m: usize| if m < self.config.min_match { 0 } else { m };
+        let tree = matched_lens(&self.tree.match_prefix(input.text), workers);
+        if input.exact.is_none() {
+            return (tree.into_iter().map(floor).collect(), None);
+        }
+        let exact: Vec<usize> = with_exact(tree.clone(), input)
+            .into_iter()
+            .map(floor)
+            .collect();
+        let hint = self
+            .is_cold(&exact)
+            .then(|| tree.into_iter().map(floor).collect());
+        (exact, hint)
+    }
+
+    /// Whether no worker holds more of the prompt than another, by
+    /// `matched`: a choice of balance alone.
+    fn is_cold(&self, matched: &[usize]) -> bool {
+        let spread = matched.iter().max().zip(matched.iter().min());
+        spread.is_none_or(|(hi, lo)| hi - lo < self.config.min_match)
+    }
+
     /// Requests in flight are priced by `load(w)`, the worker's
     /// [`Worker::routing_load`]: requests its engine reports that this
     /// router did not send (another router's, or sent to it directly) cost
@@ -135,27 +177,19 @@ impl Policy for CostAware {
     fn select(&self, workers: &[Arc<Worker>], input: &RouteInput<'_>) -> Selection {
         let text = input.text;
         let len = text.len() as u64;
-        let matched: Vec<usize> = if text.is_empty() {
-            vec![0; workers.len()]
-        } else {
-            with_exact(matched_lens(&self.tree.match_prefix(text), workers), input)
-                .into_iter()
-                .map(|m| if m < self.config.min_match { 0 } else { m })
-                .collect()
-        };
+        let (matched, hint) = self.matches(workers, input);
+        let guide = hint.as_ref().unwrap_or(&matched);
         // Lowest (cost, load) wins; among equals the smaller tree, then at
         // random. Tree sizes are read only for the tied few.
-        let spread = matched.iter().max().zip(matched.iter().min());
-        let keys: Vec<(u64, usize)> =
-            if spread.is_none_or(|(hi, lo)| hi - lo < self.config.min_match) {
-                self.cold_keys(workers)
-            } else {
-                workers
-                    .iter()
-                    .zip(&matched)
-                    .map(|(w, &m)| (self.cost(w, len.saturating_sub(m as u64)), w.routing_load()))
-                    .collect()
-            };
+        let keys: Vec<(u64, usize)> = if self.is_cold(guide) {
+            self.cold_keys(workers)
+        } else {
+            workers
+                .iter()
+                .zip(guide)
+                .map(|(w, &m)| (self.cost(w, len.saturating_sub(m as u64)), w.routing_load()))
+                .collect()
+        };
         let best = keys.iter().copied().min().unwrap_or_default();
         let tied: Vec<usize> = (0..keys.len()).filter(|&i| keys[i] == best).collect();
         let index = if tied.len() > 1 {
@@ -243,6 +277,27 @@ mod tests {
         assert_eq!(s.index, other);
         assert_eq!(s.work, 0);
         assert_eq!(s.cache, CacheOutcome::Hit);
+    }
+
+    #[test]
+    fn a_prompt_the_events_find_nowhere_goes_back_where_the_tree_sent_it() {
+        let p = policy();
+        let ws = workers(3);
+        let prompt = "a long shared system prompt ".repeat(10);
+        // Still in flight: by load alone, another worker would be chosen.
+        let home = pick(&p, &ws, &prompt).index;
+        // Evicted everywhere (or its worker restarted): the events find no
+        // page of it anywhere.
+        let exact = vec![Some(0); 3];
+        let input = RouteInput {
+            exact: Some(&exact),
+            ..RouteInput::of_text(prompt.as_bytes())
+        };
+        let s = p.select(&ws, &input);
+        assert_eq!(s.index, home, "the prompt keeps its home");
+        // Priced as what the events say it is: a full prefill.
+        assert_eq!(s.work, prompt.len() as u64);
+        assert_eq!(s.cache, CacheOutcome::Miss);
     }
 
     #[test]
