@@ -20,6 +20,8 @@ ensure_debian_packages() {
   # libFuzzer (cargo fuzz) is C++; docker-compose validates docker-compose.yml.
   command -v c++ >/dev/null 2>&1 || missing+=(g++)
   command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+  # The fleet store the tests share between control planes (Redis).
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
   # The system's roots, which the control plane and Envoy verify https://
   # workers with (envoy/render.sh's default CA bundle).
   [ -r /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)

@@ -24,8 +24,12 @@ use crate::auth::{AdminAuth, Denial, Outcome};
 use crate::config::parse_bootstrap_port;
 use crate::engine::{Engine, WorkerChangeError};
 use crate::enrollment::Enrollment;
+use crate::fleet_store::FleetStore;
 use crate::kv_events::KvEvents;
-use crate::workers::{HealthChecker, RegistryError, Role, Worker, WorkerId, WorkerSpec};
+use crate::workers::persist::StoredWorker;
+use crate::workers::{
+    HealthChecker, RegistryError, Role, Worker, WorkerAddress, WorkerId, WorkerSpec,
+};
 
 /// The header Envoy adds (overwriting any a client sent) to requests that
 /// reach the admin API through its client port, as `envoy/envoy.yaml`'s
@@ -45,6 +49,18 @@ pub struct AdminState {
     pub auth: Arc<AdminAuth>,
     /// The KV-event subscriber, unless `--disable-kv-events`.
     pub kv_events: Option<Arc<KvEvents>>,
+    /// The worker list shared with other control planes
+    /// (`--fleet-store-url`).
+    pub fleet_store: Option<Arc<FleetStore>>,
+}
+
+impl AdminState {
+    /// Tells the other control planes that `url` was added here as `id`.
+    fn share_added(&self, url: String, spec: WorkerSpec, id: WorkerId) {
+        if let Some(store) = &self.fleet_store {
+            store.added(StoredWorker::new(url, spec, id));
+        }
+    }
 }
 
 /// The admin API's routes.
@@ -263,6 +279,7 @@ async fn add(
         .add_worker(url, spec, WorkerId::random())
         .await?;
     if let Some(first) = units.first() {
+        state.share_added(first.base_url.clone(), spec, first.id);
         let healthy = state.health.admit(first).await;
         info!(worker = %first.base_url, role = spec.role().as_str(), units = units.len(), healthy, "worker added");
     }
@@ -272,7 +289,17 @@ async fn add(
 /// Unregisters the server at `url`, or stops its background registration
 /// (then no unit is returned).
 fn remove(state: &AdminState, url: &str) -> Result<Vec<Arc<Worker>>, WorkerChangeError> {
-    state.enrollment.withdraw(url)
+    let units = state.enrollment.withdraw(url)?;
+    if let Some(store) = &state.fleet_store {
+        let normalised = units
+            .first()
+            .map(|w| w.base_url.clone())
+            .or_else(|| WorkerAddress::normalise(url).ok().map(|n| n.0));
+        if let Some(url) = normalised {
+            store.removed(&url);
+        }
+    }
+    Ok(units)
 }
 
 fn missing_url() -> Response {

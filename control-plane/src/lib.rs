@@ -27,6 +27,7 @@ pub mod dns;
 pub mod engine;
 pub mod enrollment;
 pub mod ext_proc;
+pub mod fleet_store;
 pub mod grpc_health;
 pub mod grpc_tls;
 pub mod k8s;

@@ -26,6 +26,7 @@ use sglang_envoy_control_plane::config::Args;
 use sglang_envoy_control_plane::engine::exact::ExactCache;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::enrollment::Enrollment;
+use sglang_envoy_control_plane::fleet_store::FleetStore;
 use sglang_envoy_control_plane::kv_events::KvEvents;
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::workers::{
@@ -89,6 +90,14 @@ async fn main() -> anyhow::Result<()> {
     if let Some(kv) = &plane.kv_events {
         tokio::spawn(kv.clone().run(plane.engine.registry().clone()));
     }
+    if let Some(store) = &plane.fleet_store {
+        // After the initial workers: they are offered to the store.
+        tokio::spawn(
+            store
+                .clone()
+                .run(plane.engine.registry().clone(), plane.enrollment.clone()),
+        );
+    }
     plane.serve(&args).await
 }
 
@@ -147,6 +156,8 @@ struct ControlPlane {
     worker_client: reqwest::Client,
     /// The KV-event subscriber, unless `--disable-kv-events`.
     kv_events: Option<Arc<KvEvents>>,
+    /// The worker list shared with other control planes.
+    fleet_store: Option<Arc<FleetStore>>,
 }
 
 impl ControlPlane {
@@ -234,12 +245,20 @@ impl ControlPlane {
             dp_aware = args.dp_aware,
             "router built"
         );
+        let fleet_store = match &args.fleet_store.fleet_store_url {
+            Some(url) => Some(
+                FleetStore::new(url, &args.fleet_store.fleet_store_key_prefix)
+                    .context("--fleet-store-url")?,
+            ),
+            None => None,
+        };
         Ok(ControlPlane {
             engine,
             health,
             enrollment,
             worker_client,
             kv_events,
+            fleet_store,
         })
     }
 
@@ -251,6 +270,7 @@ impl ControlPlane {
             health,
             enrollment,
             kv_events,
+            fleet_store,
             ..
         } = self;
         let grpc_addr = SocketAddr::new(args.host, args.grpc_port);
@@ -315,6 +335,7 @@ impl ControlPlane {
                     .map_err(anyhow::Error::msg)?,
             ),
             kv_events,
+            fleet_store,
         };
         let prometheus = match args.prometheus_port {
             Some(port) => {

@@ -329,6 +329,13 @@ pub(super) async fn add(State(s): State<AdminState>, body: Bytes) -> Response {
         Err(e) => return e.into_response(),
     };
     let id = enrolled.id();
+    if let Some(url) = match &enrolled {
+        Enrolled::Registered(_, units) => units.first().map(|w| w.base_url.clone()),
+        Enrolled::Pending(_) => s.enrollment.job(id).map(|j| j.url),
+        Enrolled::Existing(_) => None,
+    } {
+        s.share_added(url, spec, id);
+    }
     let (message, units) = match &enrolled {
         Enrolled::Registered(_, units) => {
             info!(worker = %req.url, %id, "worker added through the /workers API");

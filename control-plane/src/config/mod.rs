@@ -10,6 +10,7 @@ use sglang_envoy_core::policy;
 pub use sglang_envoy_core::policy::{AssignmentMode, PolicyKind};
 
 pub use auth_flags::AuthFlags;
+pub use fleet_store_flags::FleetStoreFlags;
 pub use kv_events_flags::KvEventsFlags;
 pub use smg_policy_flags::SmgPolicyFlags;
 pub use tenant_flags::TenantFlags;
@@ -368,6 +369,10 @@ pub struct Args {
     #[command(flatten)]
     pub auth: AuthFlags,
 
+    /// The worker list shared by several control planes.
+    #[command(flatten)]
+    pub fleet_store: FleetStoreFlags,
+
     /// Largest request body, in bytes: the `max_body_bytes` the Envoy config
     /// gives the filter (`MAX_BODY_BYTES`). Sizes the gRPC messages the
     /// control plane accepts, which carry whole bodies in PD mode and
@@ -595,6 +600,7 @@ pub fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
 }
 
 mod auth_flags;
+mod fleet_store_flags;
 mod kv_events_flags;
 mod options;
 mod smg_policy_flags;

@@ -197,6 +197,21 @@ fn a_pool_is_served_alone() {
 }
 
 #[test]
+fn a_fleet_store_is_refused_beside_kubernetes_discovery() {
+    let store = ["cp", "--fleet-store-url", "redis://127.0.0.1:6379"];
+    let a = Args::parse_from(store);
+    assert_eq!(a.fleet_store.fleet_store_key_prefix, "sglang-envoy");
+    assert!(a.validate().is_ok());
+    for other in [&["--service-discovery"][..], &["--pool-name", "p"]] {
+        let mixed = Args::parse_from(store.iter().chain(other));
+        assert!(
+            mixed.validate().unwrap_err().contains("--fleet-store-url"),
+            "{other:?}"
+        );
+    }
+}
+
+#[test]
 fn duration_buckets_must_be_positive_and_ascending() {
     let ok = Args::parse_from(["cp", "--prometheus-duration-buckets", "0.01", "0.5", "30"]);
     assert_eq!(ok.prometheus_duration_buckets, [0.01, 0.5, 30.0]);

@@ -87,6 +87,14 @@ impl Args {
         {
             return Err("--admin-token must not be empty".into());
         }
+        if self.fleet_store.fleet_store_url.is_some()
+            && (self.service_discovery || self.pool_name.is_some())
+        {
+            return Err(
+                "--fleet-store-url shares a worker list kept through the admin API; with --service-discovery or --pool-name every control plane already reads the same list from Kubernetes"
+                    .into(),
+            );
+        }
         if self.pool_name.is_some() && (self.service_discovery || self.pd_disaggregation) {
             return Err(
                 "--pool-name serves an InferencePool's pods; it does not mix with --service-discovery or --pd-disaggregation"

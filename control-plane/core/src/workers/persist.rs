@@ -35,6 +35,16 @@ pub struct StoredWorker {
 }
 
 impl StoredWorker {
+    /// The server at `url` (normalised) registered as `spec` under `id`.
+    pub fn new(url: String, spec: WorkerSpec, id: WorkerId) -> Self {
+        StoredWorker {
+            url,
+            worker_type: spec.role().as_str().to_string(),
+            bootstrap_port: spec.bootstrap_port(),
+            id: Some(id),
+        }
+    }
+
     /// The spec to register it with; `None` for an unknown worker type.
     pub fn spec(&self) -> Option<WorkerSpec> {
         let role = Role::parse(&self.worker_type)?;
@@ -58,12 +68,7 @@ pub fn snapshot(registry: &Registry) -> Vec<StoredWorker> {
         if out.iter().any(|s| s.url == w.base_url) {
             continue;
         }
-        out.push(StoredWorker {
-            url: w.base_url.clone(),
-            worker_type: w.role().as_str().to_string(),
-            bootstrap_port: w.spec.bootstrap_port(),
-            id: Some(w.id),
-        });
+        out.push(StoredWorker::new(w.base_url.clone(), w.spec, w.id));
     }
     out
 }

@@ -1,0 +1,20 @@
+//! Where several control planes share their worker list
+//! (`crate::fleet_store`; README "Running several control planes").
+
+use clap::Args;
+
+/// The shared worker list's flags.
+#[derive(Debug, Clone, Args)]
+pub struct FleetStoreFlags {
+    /// A Redis or Valkey server where control planes share the worker list
+    /// (`redis://host:port/db`): a worker added or removed through any of
+    /// them reaches every one within a second. Off the request path; while
+    /// it is down each control plane routes on the list it has. (Not
+    /// sglang-router's `--redis-url`, which stores conversation history.)
+    #[arg(long, value_name = "URL")]
+    pub fleet_store_url: Option<String>,
+    /// Prefix of the keys in the fleet store: control planes with the same
+    /// prefix share one worker list.
+    #[arg(long, value_name = "PREFIX", default_value = "sglang-envoy")]
+    pub fleet_store_key_prefix: String,
+}

@@ -1,0 +1,300 @@
+//! The worker list shared by several control planes through Redis (or
+//! Valkey), `--fleet-store-url`: a worker added or removed through any
+//! replica's admin API reaches every replica within a second, and a
+//! restarted replica comes back with the list as it stands.
+//!
+//! What is stored: a hash `{prefix}:workers` (normalised URL → the worker
+//! as the state file stores it: role, bootstrap port, id) and a counter
+//! `{prefix}:version`, raised by every change. Each replica
+//! - pushes the changes made through its own admin API (kept in an outbox
+//!   while the store is unreachable, the latest per URL);
+//! - reads the counter every [`POLL`], and the hash when it moved, and
+//!   registers or removes workers to match it;
+//! - adds the workers it started with (its flags, its state file) when it
+//!   first reaches the store, without overwriting what is there;
+//! - seeds the store again with its own list when the counter is gone (a
+//!   Redis restarted without its data), so no replica takes an empty store
+//!   for an empty fleet.
+//!
+//! The store is off the request path. While it is down every replica keeps
+//! routing on the list it has, as a single control plane does; changes made
+//! meanwhile reach the others when it is back. Workers found by Kubernetes
+//! discovery are not stored: every replica watches the cluster itself.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::aio::MultiplexedConnection;
+use redis::AsyncCommands as _;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::enrollment::Enrollment;
+use crate::workers::{persist, persist::StoredWorker, Registry};
+
+/// How often each replica reads the store's version.
+const POLL: Duration = Duration::from_millis(250);
+/// Longest wait for one exchange with the store (connect included).
+const OP_TIMEOUT: Duration = Duration::from_secs(1);
+/// Changes kept for the store while it is unreachable (one per URL).
+const OUTBOX_CAP: usize = 4096;
+
+/// Why one exchange with the store failed.
+#[derive(Debug, thiserror::Error)]
+enum StoreError {
+    #[error("{0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("no answer within {OP_TIMEOUT:?}")]
+    Timeout,
+}
+
+/// A change to the worker list made through this replica's admin API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Change {
+    Added(StoredWorker),
+    Removed,
+}
+
+/// This replica's side of the shared worker list.
+pub struct FleetStore {
+    client: redis::Client,
+    workers_key: String,
+    version_key: String,
+    /// Changes not yet in the store, by normalised URL.
+    outbox: Mutex<HashMap<String, Change>>,
+    /// Wakes the sync loop when the outbox gets a change.
+    wake: Notify,
+}
+
+impl FleetStore {
+    /// A store at `url` (`redis://host:port/db`), keys under `prefix`.
+    pub fn new(url: &str, prefix: &str) -> Result<Arc<Self>, redis::RedisError> {
+        Ok(Arc::new(FleetStore {
+            client: redis::Client::open(url)?,
+            workers_key: format!("{prefix}:workers"),
+            version_key: format!("{prefix}:version"),
+            outbox: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+        }))
+    }
+
+    /// The server at `url` was added through this replica's admin API.
+    pub fn added(&self, worker: StoredWorker) {
+        self.note(worker.url.clone(), Change::Added(worker));
+    }
+
+    /// The server at `url` (normalised) was removed through this
+    /// replica's admin API.
+    pub fn removed(&self, url: &str) {
+        self.note(url.to_string(), Change::Removed);
+    }
+
+    fn note(&self, url: String, change: Change) {
+        {
+            let mut outbox = self.outbox.lock();
+            if outbox.len() >= OUTBOX_CAP && !outbox.contains_key(&url) {
+                warn!(worker = %url, "fleet store: too many changes waiting for the store; this one stays local");
+                return;
+            }
+            outbox.insert(url, change);
+        }
+        self.wake.notify_one();
+    }
+
+    /// Keeps this replica's worker list and the store's in step, for as
+    /// long as the process runs.
+    pub async fn run(self: Arc<Self>, registry: Arc<Registry>, enrollment: Arc<Enrollment>) {
+        let mut sync = Sync {
+            store: self,
+            registry,
+            enrollment,
+            conn: None,
+            joined: false,
+            seen: None,
+            up: None,
+        };
+        loop {
+            let result = sync.round().await;
+            sync.report(result);
+            let wake = sync.store.wake.notified();
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = wake => {}
+            }
+        }
+    }
+}
+
+/// The sync loop's state: the connection and what it has done so far.
+struct Sync {
+    store: Arc<FleetStore>,
+    registry: Arc<Registry>,
+    enrollment: Arc<Enrollment>,
+    conn: Option<MultiplexedConnection>,
+    /// This replica's own workers were offered to the store.
+    joined: bool,
+    /// The store's version last applied here.
+    seen: Option<i64>,
+    /// Whether the last round reached the store (`None`: no round yet).
+    up: Option<bool>,
+}
+
+/// Bounds one exchange with the store.
+async fn timed<T>(
+    f: impl std::future::Future<Output = Result<T, redis::RedisError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(OP_TIMEOUT, f)
+        .await
+        .map_err(|_| StoreError::Timeout)?
+        .map_err(StoreError::from)
+}
+
+impl Sync {
+    /// Logs when the store is lost or found again, not every round.
+    fn report(&mut self, result: Result<(), StoreError>) {
+        match result {
+            Ok(()) => {
+                if self.up != Some(true) {
+                    info!("fleet store reached: the worker list is shared");
+                }
+                self.up = Some(true);
+            }
+            Err(e) => {
+                self.conn = None;
+                if self.up != Some(false) {
+                    warn!(error = %e, "fleet store unreachable: routing on this replica's worker list until it is back");
+                }
+                self.up = Some(false);
+            }
+        }
+    }
+
+    /// One exchange: connect if needed, join, push the outbox, and apply
+    /// the store's list if it changed.
+    async fn round(&mut self) -> Result<(), StoreError> {
+        let mut conn = match self.conn.clone() {
+            Some(c) => c,
+            None => {
+                let c = timed(self.store.client.get_multiplexed_async_connection()).await?;
+                self.conn = Some(c.clone());
+                c
+            }
+        };
+        let version: Option<i64> = timed(conn.get(&self.store.version_key)).await?;
+        if version.is_none() || !self.joined {
+            // A new store (or one restarted empty), or this replica's first
+            // visit: offer what this replica has, keeping what is there.
+            self.offer_own(&mut conn).await?;
+            self.joined = true;
+        }
+        self.push_outbox(&mut conn).await?;
+        let version: Option<i64> = timed(conn.get(&self.store.version_key)).await?;
+        if version.is_some() && version != self.seen {
+            let stored: HashMap<String, String> =
+                timed(conn.hgetall(&self.store.workers_key)).await?;
+            self.apply(stored).await;
+            self.seen = version;
+        }
+        Ok(())
+    }
+
+    /// Adds this replica's workers to the store where it has none of
+    /// that URL.
+    async fn offer_own(&self, conn: &mut MultiplexedConnection) -> Result<(), StoreError> {
+        let own = persist::snapshot(&self.registry);
+        let mut pipe = redis::pipe();
+        for w in &own {
+            if let Ok(json) = serde_json::to_string(w) {
+                pipe.hset_nx(&self.store.workers_key, &w.url, json).ignore();
+            }
+        }
+        pipe.incr(&self.store.version_key, 1).ignore();
+        timed(pipe.query_async::<()>(conn)).await
+    }
+
+    /// Writes the changes made here since the last round.
+    async fn push_outbox(&self, conn: &mut MultiplexedConnection) -> Result<(), StoreError> {
+        let changes: Vec<(String, Change)> = self
+            .store
+            .outbox
+            .lock()
+            .iter()
+            .map(|(u, c)| (u.clone(), c.clone()))
+            .collect();
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for (url, change) in &changes {
+            match change {
+                Change::Added(w) => {
+                    if let Ok(json) = serde_json::to_string(w) {
+                        pipe.hset(&self.store.workers_key, url, json).ignore();
+                    }
+                }
+                Change::Removed => {
+                    pipe.hdel(&self.store.workers_key, url).ignore();
+                }
+            }
+        }
+        pipe.incr(&self.store.version_key, 1).ignore();
+        timed(pipe.query_async::<()>(conn)).await?;
+        // Only what was written leaves the outbox: a change made to the
+        // same URL meanwhile stays for the next round.
+        let mut outbox = self.store.outbox.lock();
+        for (url, change) in changes {
+            if outbox.get(&url) == Some(&change) {
+                outbox.remove(&url);
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers the stored workers this replica lacks and removes those
+    /// the store no longer has, leaving alone the URLs with a change of
+    /// this replica's still on its way.
+    async fn apply(&self, stored: HashMap<String, String>) {
+        let waiting: Vec<String> = self.store.outbox.lock().keys().cloned().collect();
+        let mut wanted: Vec<StoredWorker> = Vec::with_capacity(stored.len());
+        for (url, json) in stored {
+            match serde_json::from_str::<StoredWorker>(&json) {
+                Ok(w) => wanted.push(w),
+                Err(e) => warn!(worker = %url, error = %e, "fleet store: unreadable entry skipped"),
+            }
+        }
+        let here = persist::snapshot(&self.registry);
+        for w in &wanted {
+            if waiting.contains(&w.url)
+                || here.iter().any(|h| h.url == w.url)
+                || self.enrollment.job_by_url(&w.url).is_some()
+            {
+                continue;
+            }
+            let Some(spec) = w.spec() else {
+                warn!(worker = %w.url, kind = %w.worker_type, "fleet store: unknown worker type skipped");
+                continue;
+            };
+            match self.enrollment.enroll(&w.url, spec, w.id).await {
+                Ok(e) => {
+                    info!(worker = %w.url, id = %e.id(), "worker added: another control plane added it")
+                }
+                Err(e) => {
+                    warn!(worker = %w.url, error = %e, "fleet store: cannot add a stored worker")
+                }
+            }
+        }
+        for h in here {
+            if waiting.contains(&h.url) || wanted.iter().any(|w| w.url == h.url) {
+                continue;
+            }
+            match self.enrollment.withdraw(&h.url) {
+                Ok(_) => {
+                    info!(worker = %h.url, "worker removed: another control plane removed it")
+                }
+                Err(e) => warn!(worker = %h.url, error = %e, "fleet store: cannot remove a worker"),
+            }
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! Several control planes sharing one worker list through a real Redis
+//! (`--fleet-store-url`): a change made through one control plane's admin
+//! API reaches the other within a second, a restarted control plane comes
+//! back with the list as it stands, and the store's outage fails no
+//! request.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sglang_envoy_e2e::{free_port, fresh_dir, wait_until, Proc, SimWorker, Stack, StackOptions};
+
+const GEN: &str = r#"{"text":"hello","sampling_params":{"max_new_tokens":1}}"#;
+
+/// Debian's `redis-server`, on its own port, keeping nothing on disk (a
+/// restart comes back empty, as a Redis without persistence does).
+fn start_redis(dir: &Path, port: u16, start: usize) -> Proc {
+    let args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    .map(String::from)
+    .to_vec();
+    Proc::spawn(
+        &format!("redis-{start}"),
+        Path::new("redis-server"),
+        &args,
+        dir,
+    )
+    .expect("redis-server starts")
+}
+
+async fn redis_answers(port: u16) -> bool {
+    wait_until(Duration::from_secs(10), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await
+}
+
+/// Whether `redis-server` is missing here (then the test is skipped,
+/// except in CI, where scripts/test.sh installs it).
+fn no_redis() -> bool {
+    let there = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !there {
+        assert!(
+            std::env::var("CI").is_err(),
+            "redis-server is missing (scripts/test.sh installs Debian's)"
+        );
+        eprintln!("skipped: no redis-server here");
+    }
+    !there
+}
+
+/// Whether `/workers` at `stack` lists `url` at all.
+async fn lists(stack: &Stack, url: &str) -> bool {
+    stack.get_json("/workers").await["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|w| w["url"] == url)
+}
+
+/// Sends `n` requests through `stack`; all must succeed.
+async fn all_served(stack: &Stack, n: usize, what: &str) {
+    for i in 0..n {
+        let r = stack.post("/generate", GEN).await;
+        assert_eq!(r.status(), 200, "{what}, request {i}");
+    }
+}
+
+#[tokio::test]
+async fn workers_changed_through_one_control_plane_reach_the_other() {
+    if no_redis() {
+        return;
+    }
+    let dir = fresh_dir(&format!("fleet-store-{}", std::process::id())).unwrap();
+    let port = free_port();
+    let mut redis = start_redis(&dir, port, 0);
+    assert!(redis_answers(port).await, "redis never answered");
+    let store = vec![
+        "--fleet-store-url".to_string(),
+        format!("redis://127.0.0.1:{port}"),
+        "--fleet-store-key-prefix".into(),
+        format!("e2e-{}", std::process::id()),
+    ];
+    let first = Stack::start(StackOptions {
+        workers: 2,
+        policy: "round_robin".into(),
+        cp_args: store.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // The second starts with no worker of its own.
+    let mut second = Stack::start(StackOptions {
+        workers: 0,
+        policy: "round_robin".into(),
+        cp_args: store,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for w in &first.workers {
+        assert!(
+            second
+                .wait_marked(&w.url, true, Duration::from_secs(5))
+                .await,
+            "the second control plane never took {} from the store:\n{}",
+            w.url,
+            second.control_plane_log()
+        );
+    }
+    all_served(&second, 4, "through the second").await;
+
+    // Added through the first: the second routes to it within a second.
+    let client = reqwest::Client::new();
+    let extra = SimWorker::start(&first.dir, &[]).await.unwrap();
+    let added = Instant::now();
+    let r = client
+        .post(first.admin_url("/workers"))
+        .json(&json!({ "url": extra.url }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let reached = wait_until(Duration::from_secs(1), || async {
+        second.post("/generate", GEN).await.status() == 200 && extra.served().await > 0
+    })
+    .await;
+    assert!(
+        reached,
+        "the second control plane did not route to a worker added through the first within 1 s:\n{}",
+        second.control_plane_log()
+    );
+    eprintln!(
+        "added through one, routed to by the other after {:?}",
+        added.elapsed()
+    );
+
+    // Removed through the second: the first stops listing it within 1 s.
+    let r = client
+        .post(second.admin_url(&format!("/remove_worker?url={}", extra.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let gone = wait_until(Duration::from_secs(1), || async {
+        !lists(&first, &extra.url).await
+    })
+    .await;
+    assert!(
+        gone,
+        "the first control plane still lists the removed worker"
+    );
+
+    // Added while the second is down: it comes back with it.
+    second.kill_control_plane();
+    let late = SimWorker::start(&first.dir, &[]).await.unwrap();
+    let r = client
+        .post(first.admin_url(&format!("/add_worker?url={}", late.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    second.restart_control_plane().await.unwrap();
+    assert!(
+        second
+            .wait_marked(&late.url, true, Duration::from_secs(5))
+            .await,
+        "the restarted control plane does not list the worker added while it was down"
+    );
+    assert!(
+        !lists(&second, &extra.url).await,
+        "the removed worker came back"
+    );
+
+    // The store dies: no request fails, and a change made meanwhile
+    // reaches the other control plane once a new, empty store is up.
+    redis.kill();
+    all_served(&first, 10, "through the first, store down").await;
+    all_served(&second, 10, "through the second, store down").await;
+    let r = client
+        .post(first.admin_url(&format!("/remove_worker?url={}", late.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        lists(&second, &late.url).await,
+        "with the store down, the second cannot have heard of the removal"
+    );
+    let _redis = start_redis(&dir, port, 1);
+    assert!(redis_answers(port).await, "redis never came back");
+    let caught_up = wait_until(Duration::from_secs(3), || async {
+        !lists(&second, &late.url).await
+    })
+    .await;
+    assert!(
+        caught_up,
+        "the removal made while the store was down never reached the second:\n{}",
+        second.control_plane_log()
+    );
+    // The empty store did not empty the fleet.
+    for w in &first.workers {
+        assert!(lists(&second, &w.url).await, "{} was lost", w.url);
+        assert!(lists(&first, &w.url).await, "{} was lost", w.url);
+    }
+    all_served(&first, 10, "through the first, store back").await;
+    all_served(&second, 10, "through the second, store back").await;
+}
