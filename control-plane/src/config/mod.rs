@@ -12,6 +12,7 @@ pub use sglang_envoy_core::policy::{AssignmentMode, PolicyKind};
 pub use auth_flags::AuthFlags;
 pub use fleet_store_flags::FleetStoreFlags;
 pub use kv_events_flags::KvEventsFlags;
+pub use options::parse_bootstrap_port;
 pub use smg_policy_flags::SmgPolicyFlags;
 pub use tenant_flags::TenantFlags;
 
@@ -549,28 +550,6 @@ impl Args {
             .unwrap_or_default();
         Ok(args)
     }
-
-    /// The `--prefill` workers as (URL, bootstrap port; `None` for `none`).
-    pub fn prefill_workers(&self) -> Result<Vec<(String, Option<u16>)>, String> {
-        self.prefill_groups
-            .iter()
-            .map(|entry| match entry.as_slice() {
-                [url] => Ok((url.clone(), None)),
-                [url, port] => Ok((url.clone(), parse_bootstrap_port(port)?)),
-                _ => Err("--prefill takes URL [BOOTSTRAP_PORT|none]".into()),
-            })
-            .collect()
-    }
-
-    /// The prefill policy (`--prefill-policy`, else `--policy`).
-    pub fn prefill_policy(&self) -> PolicyKind {
-        self.prefill_policy.unwrap_or(self.policy)
-    }
-
-    /// The decode policy (`--decode-policy`, else `--policy`).
-    pub fn decode_policy(&self) -> PolicyKind {
-        self.decode_policy.unwrap_or(self.policy)
-    }
 }
 
 /// smg's `least_load` flags that weigh engine-reported loads: parsed and
@@ -584,20 +563,6 @@ pub const LEAST_LOAD_ENGINE_FLAGS: [&str; 4] = [
 
 /// The note for [`LEAST_LOAD_ENGINE_FLAGS`].
 pub const LEAST_LOAD_ENGINE_NOTE: &str = "accepted and changes nothing: it weighs the engines' token and KV reports; least_load here picks the worker with the fewest requests running and waiting (the engine's report plus the requests sent since)";
-
-/// A bootstrap port as written on the command line or in the admin API:
-/// a port number, or `none` (decode workers then use their default).
-pub fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
-    if text.eq_ignore_ascii_case("none") || text.eq_ignore_ascii_case("null") {
-        return Ok(None);
-    }
-    match text.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(Some(p)),
-        _ => Err(format!(
-            "bootstrap port must be 1..65535 or `none`, got `{text}`"
-        )),
-    }
-}
 
 mod auth_flags;
 mod fleet_store_flags;

@@ -4,13 +4,35 @@
 use std::time::Duration;
 
 use super::tenant_files::TenantConfigError;
-use super::Args;
+use super::{Args, PolicyKind};
 use crate::admission::AdmissionOptions;
 use crate::retry::RetryOptions;
 use crate::workers::probe_schedule::ProbePlan;
 use crate::workers::{CircuitConfig, HealthOptions, WorkerTls};
 
 impl Args {
+    /// The `--prefill` workers as (URL, bootstrap port; `None` for `none`).
+    pub fn prefill_workers(&self) -> Result<Vec<(String, Option<u16>)>, String> {
+        self.prefill_groups
+            .iter()
+            .map(|entry| match entry.as_slice() {
+                [url] => Ok((url.clone(), None)),
+                [url, port] => Ok((url.clone(), parse_bootstrap_port(port)?)),
+                _ => Err("--prefill takes URL [BOOTSTRAP_PORT|none]".into()),
+            })
+            .collect()
+    }
+
+    /// The prefill policy (`--prefill-policy`, else `--policy`).
+    pub fn prefill_policy(&self) -> PolicyKind {
+        self.prefill_policy.unwrap_or(self.policy)
+    }
+
+    /// The decode policy (`--decode-policy`, else `--policy`).
+    pub fn decode_policy(&self) -> PolicyKind {
+        self.decode_policy.unwrap_or(self.policy)
+    }
+
     /// The largest gRPC message the control plane accepts: a question
     /// carrying a whole body, its routing text (at most twice the body's
     /// size) and headers, with room to spare.
@@ -103,5 +125,19 @@ impl Args {
         (!self.disable_load_monitoring)
             .then(|| Duration::try_from_secs_f64(self.load_monitor_interval).ok())
             .flatten()
+    }
+}
+
+/// A bootstrap port as written on the command line or in the admin API:
+/// a port number, or `none` (decode workers then use their default).
+pub fn parse_bootstrap_port(text: &str) -> Result<Option<u16>, String> {
+    if text.eq_ignore_ascii_case("none") || text.eq_ignore_ascii_case("null") {
+        return Ok(None);
+    }
+    match text.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(Some(p)),
+        _ => Err(format!(
+            "bootstrap port must be 1..65535 or `none`, got `{text}`"
+        )),
     }
 }

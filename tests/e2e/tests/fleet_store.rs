@@ -72,6 +72,15 @@ async fn lists(stack: &Stack, url: &str) -> bool {
         .any(|w| w["url"] == url)
 }
 
+/// POSTs `path` (with `body`, if any) to `stack`'s admin port; its status.
+async fn admin(stack: &Stack, path: &str, body: Option<serde_json::Value>) -> u16 {
+    let mut r = reqwest::Client::new().post(stack.admin_url(path));
+    if let Some(body) = body {
+        r = r.json(&body);
+    }
+    r.send().await.map_or(0, |r| r.status().as_u16())
+}
+
 /// Sends `n` requests through `stack`; all must succeed.
 async fn all_served(stack: &Stack, n: usize, what: &str) {
     for i in 0..n {
@@ -125,16 +134,10 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
     all_served(&second, 4, "through the second").await;
 
     // Added through the first: the second routes to it within a second.
-    let client = reqwest::Client::new();
     let extra = SimWorker::start(&first.dir, &[]).await.unwrap();
     let added = Instant::now();
-    let r = client
-        .post(first.admin_url("/workers"))
-        .json(&json!({ "url": extra.url }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
+    let body = json!({ "url": extra.url });
+    assert_eq!(admin(&first, "/workers", Some(body)).await, 202);
     let reached = wait_until(Duration::from_secs(1), || async {
         second.post("/generate", GEN).await.status() == 200 && extra.served().await > 0
     })
@@ -150,12 +153,8 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
     );
 
     // Removed through the second: the first stops listing it within 1 s.
-    let r = client
-        .post(second.admin_url(&format!("/remove_worker?url={}", extra.url)))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let path = format!("/remove_worker?url={}", extra.url);
+    assert_eq!(admin(&second, &path, None).await, 200);
     let gone = wait_until(Duration::from_secs(1), || async {
         !lists(&first, &extra.url).await
     })
@@ -168,12 +167,8 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
     // Added while the second is down: it comes back with it.
     second.kill_control_plane();
     let late = SimWorker::start(&first.dir, &[]).await.unwrap();
-    let r = client
-        .post(first.admin_url(&format!("/add_worker?url={}", late.url)))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let path = format!("/add_worker?url={}", late.url);
+    assert_eq!(admin(&first, &path, None).await, 200);
     second.restart_control_plane().await.unwrap();
     assert!(
         second
@@ -191,12 +186,8 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
     redis.kill();
     all_served(&first, 10, "through the first, store down").await;
     all_served(&second, 10, "through the second, store down").await;
-    let r = client
-        .post(first.admin_url(&format!("/remove_worker?url={}", late.url)))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let path = format!("/remove_worker?url={}", late.url);
+    assert_eq!(admin(&first, &path, None).await, 200);
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(
         lists(&second, &late.url).await,
