@@ -32,6 +32,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::enrollment::Enrollment;
+use crate::metrics::Metrics;
 use crate::workers::{persist, persist::StoredWorker, Registry};
 
 /// How often each replica reads the store's version.
@@ -60,6 +61,7 @@ enum Change {
 /// This replica's side of the shared worker list.
 pub struct FleetStore {
     client: redis::Client,
+    prefix: String,
     workers_key: String,
     version_key: String,
     /// Changes not yet in the store, by normalised URL.
@@ -73,6 +75,7 @@ impl FleetStore {
     pub fn new(url: &str, prefix: &str) -> Result<Arc<Self>, redis::RedisError> {
         Ok(Arc::new(FleetStore {
             client: redis::Client::open(url)?,
+            prefix: prefix.to_string(),
             workers_key: format!("{prefix}:workers"),
             version_key: format!("{prefix}:version"),
             outbox: Mutex::new(HashMap::new()),
@@ -104,12 +107,18 @@ impl FleetStore {
     }
 
     /// Keeps this replica's worker list and the store's in step, for as
-    /// long as the process runs.
-    pub async fn run(self: Arc<Self>, registry: Arc<Registry>, enrollment: Arc<Enrollment>) {
+    /// long as the process runs; `metrics` says whether it answers.
+    pub async fn run(
+        self: Arc<Self>,
+        registry: Arc<Registry>,
+        enrollment: Arc<Enrollment>,
+        metrics: Arc<Metrics>,
+    ) {
         let mut sync = Sync {
             store: self,
             registry,
             enrollment,
+            metrics,
             conn: None,
             joined: false,
             seen: None,
@@ -132,6 +141,7 @@ struct Sync {
     store: Arc<FleetStore>,
     registry: Arc<Registry>,
     enrollment: Arc<Enrollment>,
+    metrics: Arc<Metrics>,
     conn: Option<MultiplexedConnection>,
     /// This replica's own workers were offered to the store.
     joined: bool,
@@ -154,6 +164,7 @@ async fn timed<T>(
 impl Sync {
     /// Logs when the store is lost or found again, not every round.
     fn report(&mut self, result: Result<(), StoreError>) {
+        self.metrics.fleet_store(&self.store.prefix, result.is_ok());
         match result {
             Ok(()) => {
                 if self.up != Some(true) {

@@ -92,11 +92,11 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(store) = &plane.fleet_store {
         // After the initial workers: they are offered to the store.
-        tokio::spawn(
-            store
-                .clone()
-                .run(plane.engine.registry().clone(), plane.enrollment.clone()),
-        );
+        tokio::spawn(store.clone().run(
+            plane.engine.registry().clone(),
+            plane.enrollment.clone(),
+            plane.engine.metrics().clone(),
+        ));
     }
     plane.serve(&args).await
 }

@@ -29,6 +29,11 @@ struct ReasonLabel {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabel {
+    prefix: String,
+}
+
 /// Every metric the control plane exports.
 pub struct Metrics {
     registry: Registry,
@@ -56,6 +61,7 @@ pub struct Metrics {
     worker_kv_events_live: Family<WorkerLabel, Gauge>,
     exact_cache: Family<ReasonLabel, Counter>,
     exact_checks: Family<CheckLabel, Counter>,
+    fleet_store_up: Family<StoreLabel, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,6 +111,7 @@ impl Metrics {
             worker_kv_events_live: Family::default(),
             exact_cache: Family::default(),
             exact_checks: Family::default(),
+            fleet_store_up: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -227,6 +234,11 @@ impl Metrics {
             "KV-event self-check per worker: answers whose reported cached tokens matched the router's prediction (result=agree) or not (result=disagree)",
             m.exact_checks.clone(),
         );
+        registry.register(
+            "sgl_router_fleet_store_up",
+            "1 while the fleet store (--fleet-store-url, keys under prefix) answers, 0 while it does not; absent without a store",
+            m.fleet_store_up.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -249,6 +261,15 @@ impl Metrics {
                 reason: reason.to_string(),
             })
             .inc();
+    }
+
+    /// Whether the fleet store with keys under `prefix` answered last.
+    pub fn fleet_store(&self, prefix: &str, up: bool) {
+        self.fleet_store_up
+            .get_or_create(&StoreLabel {
+                prefix: prefix.to_string(),
+            })
+            .set(i64::from(up));
     }
 
     /// A filter's session stream opened (`+1`) or ended (`-1`).

@@ -183,7 +183,14 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
 
     // The store dies: no request fails, and a change made meanwhile
     // reaches the other control plane once a new, empty store is up.
+    const UP: &str = "sgl_router_fleet_store_up";
+    assert_eq!(first.metric(UP).await, 1.0, "the store answers");
     redis.kill();
+    let down = wait_until(Duration::from_secs(2), || async {
+        first.metric(UP).await == 0.0 && second.metric(UP).await == 0.0
+    })
+    .await;
+    assert!(down, "{UP} still says the killed store answers");
     all_served(&first, 10, "through the first, store down").await;
     all_served(&second, 10, "through the second, store down").await;
     let path = format!("/remove_worker?url={}", late.url);
@@ -204,6 +211,7 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
         "the removal made while the store was down never reached the second:\n{}",
         second.control_plane_log()
     );
+    assert_eq!(second.metric(UP).await, 1.0, "the store is back");
     // The empty store did not empty the fleet.
     for w in &first.workers {
         assert!(lists(&second, &w.url).await, "{} was lost", w.url);
