@@ -58,7 +58,7 @@ impl AdminState {
     /// Tells the other control planes that `url` was added here as `id`.
     fn share_added(&self, url: String, spec: WorkerSpec, id: WorkerId) {
         if let Some(store) = &self.fleet_store {
-            store.added(StoredWorker::new(url, spec, id));
+            store.added(StoredWorker::new(url, spec, Some(id)));
         }
     }
 }

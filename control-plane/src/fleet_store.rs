@@ -10,11 +10,12 @@
 //!   while the store is unreachable, the latest per URL);
 //! - reads the counter every [`POLL`], and the hash when it moved, and
 //!   registers or removes workers to match it;
-//! - adds the workers it started with (its flags, its state file) when it
-//!   first reaches the store, without overwriting what is there;
-//! - seeds the store again with its own list when the counter is gone (a
-//!   Redis restarted without its data), so no replica takes an empty store
-//!   for an empty fleet.
+//! - adds the workers its flags name when it first reaches the store,
+//!   without overwriting what is there (a worker its state file names is
+//!   not added: the store says whether it was removed meanwhile);
+//! - seeds the store with its whole list when the counter is gone (a new
+//!   store, or a Redis restarted without its data), so no replica takes an
+//!   empty store for an empty fleet.
 //!
 //! The store is off the request path. While it is down every replica keeps
 //! routing on the list it has, as a single control plane does; changes made
@@ -62,6 +63,8 @@ enum Change {
 pub struct FleetStore {
     client: redis::Client,
     prefix: String,
+    /// The workers this replica's flags name.
+    flags: Vec<StoredWorker>,
     workers_key: String,
     version_key: String,
     /// Changes not yet in the store, by normalised URL.
@@ -71,11 +74,17 @@ pub struct FleetStore {
 }
 
 impl FleetStore {
-    /// A store at `url` (`redis://host:port/db`), keys under `prefix`.
-    pub fn new(url: &str, prefix: &str) -> Result<Arc<Self>, redis::RedisError> {
+    /// A store at `url` (`redis://host:port/db`), keys under `prefix`;
+    /// `flags` are the workers this replica's flags name.
+    pub fn new(
+        url: &str,
+        prefix: &str,
+        flags: Vec<StoredWorker>,
+    ) -> Result<Arc<Self>, redis::RedisError> {
         Ok(Arc::new(FleetStore {
             client: redis::Client::open(url)?,
             prefix: prefix.to_string(),
+            flags,
             workers_key: format!("{prefix}:workers"),
             version_key: format!("{prefix}:version"),
             outbox: Mutex::new(HashMap::new()),
@@ -143,7 +152,7 @@ struct Sync {
     enrollment: Arc<Enrollment>,
     metrics: Arc<Metrics>,
     conn: Option<MultiplexedConnection>,
-    /// This replica's own workers were offered to the store.
+    /// This replica's flags' workers were offered to the store.
     joined: bool,
     /// The store's version last applied here.
     seen: Option<i64>,
@@ -194,10 +203,14 @@ impl Sync {
             }
         };
         let version: Option<i64> = timed(conn.get(&self.store.version_key)).await?;
-        if version.is_none() || !self.joined {
-            // A new store (or one restarted empty), or this replica's first
-            // visit: offer what this replica has, keeping what is there.
-            self.offer_own(&mut conn).await?;
+        if version.is_none() {
+            // A new store, or one restarted empty: what this replica has.
+            let mut all = persist::snapshot(&self.registry);
+            all.extend(self.store.flags.iter().cloned());
+            self.offer(&mut conn, &all).await?;
+            self.joined = true;
+        } else if !self.joined {
+            self.offer(&mut conn, &self.store.flags).await?;
             self.joined = true;
         }
         self.push_outbox(&mut conn).await?;
@@ -211,12 +224,14 @@ impl Sync {
         Ok(())
     }
 
-    /// Adds this replica's workers to the store where it has none of
-    /// that URL.
-    async fn offer_own(&self, conn: &mut MultiplexedConnection) -> Result<(), StoreError> {
-        let own = persist::snapshot(&self.registry);
+    /// Adds `workers` to the store where it has none of their URL.
+    async fn offer(
+        &self,
+        conn: &mut MultiplexedConnection,
+        workers: &[StoredWorker],
+    ) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
-        for w in &own {
+        for w in workers {
             if let Ok(json) = serde_json::to_string(w) {
                 pipe.hset_nx(&self.store.workers_key, &w.url, json).ignore();
             }

@@ -29,8 +29,9 @@ use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::fleet_store::FleetStore;
 use sglang_envoy_control_plane::kv_events::KvEvents;
 use sglang_envoy_control_plane::metrics::Metrics;
+use sglang_envoy_control_plane::workers::persist::StoredWorker;
 use sglang_envoy_control_plane::workers::{
-    worker_client, AddressPolicy, HealthChecker, LoadMonitor, Registry,
+    worker_client, AddressPolicy, HealthChecker, LoadMonitor, Registry, WorkerAddress,
 };
 use sglang_envoy_control_plane::{
     admin, ext_proc, grpc_health, grpc_tls, k8s, policy_flags, service, startup, trace, upkeep, xds,
@@ -246,10 +247,17 @@ impl ControlPlane {
             "router built"
         );
         let fleet_store = match &args.fleet_store.fleet_store_url {
-            Some(url) => Some(
-                FleetStore::new(url, &args.fleet_store.fleet_store_key_prefix)
-                    .context("--fleet-store-url")?,
-            ),
+            Some(url) => {
+                let flags = startup::flag_workers(args)?
+                    .into_iter()
+                    .map(|(url, spec)| {
+                        let url = WorkerAddress::normalise(&url).map_or(url, |n| n.0);
+                        StoredWorker::new(url, spec, None)
+                    })
+                    .collect();
+                let prefix = &args.fleet_store.fleet_store_key_prefix;
+                Some(FleetStore::new(url, prefix, flags).context("--fleet-store-url")?)
+            }
             None => None,
         };
         Ok(ControlPlane {

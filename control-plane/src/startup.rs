@@ -68,9 +68,9 @@ struct InitialWorker {
     from_flags: bool,
 }
 
-/// The workers to register at startup: the flags' (`--worker-urls`,
-/// `--prefill`, `--decode`), then the state file's others.
-fn initial_workers(args: &Args) -> anyhow::Result<Vec<InitialWorker>> {
+/// The workers the flags name (`--worker-urls`, `--prefill`, `--decode`),
+/// as written there.
+pub fn flag_workers(args: &Args) -> anyhow::Result<Vec<(String, WorkerSpec)>> {
     let mut initial: Vec<(String, WorkerSpec)> = args
         .worker_urls
         .iter()
@@ -84,6 +84,13 @@ fn initial_workers(args: &Args) -> anyhow::Result<Vec<InitialWorker>> {
         let spec = WorkerSpec::Decode;
         initial.push((url.clone(), spec));
     }
+    Ok(initial)
+}
+
+/// The workers to register at startup: the flags', then the state file's
+/// others.
+fn initial_workers(args: &Args) -> anyhow::Result<Vec<InitialWorker>> {
+    let initial = flag_workers(args)?;
     let stored = match &args.state_file {
         Some(path) => persist::load(path)?,
         None => Vec::new(),

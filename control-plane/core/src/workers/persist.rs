@@ -35,13 +35,14 @@ pub struct StoredWorker {
 }
 
 impl StoredWorker {
-    /// The server at `url` (normalised) registered as `spec` under `id`.
-    pub fn new(url: String, spec: WorkerSpec, id: WorkerId) -> Self {
+    /// The server at `url` (normalised) registered as `spec`, under `id`
+    /// if it has one yet.
+    pub fn new(url: String, spec: WorkerSpec, id: Option<WorkerId>) -> Self {
         StoredWorker {
             url,
             worker_type: spec.role().as_str().to_string(),
             bootstrap_port: spec.bootstrap_port(),
-            id: Some(id),
+            id,
         }
     }
 
@@ -68,7 +69,7 @@ pub fn snapshot(registry: &Registry) -> Vec<StoredWorker> {
         if out.iter().any(|s| s.url == w.base_url) {
             continue;
         }
-        out.push(StoredWorker::new(w.base_url.clone(), w.spec, w.id));
+        out.push(StoredWorker::new(w.base_url.clone(), w.spec, Some(w.id)));
     }
     out
 }
