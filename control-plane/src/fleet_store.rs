@@ -205,6 +205,9 @@ impl Sync {
         let version: Option<i64> = timed(conn.get(&self.store.version_key)).await?;
         if version.is_none() {
             // A new store, or one restarted empty: what this replica has.
+            // Its counter starts again, so a version seen before says
+            // nothing about it.
+            self.seen = None;
             let mut all = persist::snapshot(&self.registry);
             all.extend(self.store.flags.iter().cloned());
             self.offer(&mut conn, &all).await?;
