@@ -123,7 +123,7 @@ impl FleetStore {
         enrollment: Arc<Enrollment>,
         metrics: Arc<Metrics>,
     ) {
-        let mut sync = Sync {
+        let mut sync = StoreSync {
             store: self,
             registry,
             enrollment,
@@ -146,7 +146,7 @@ impl FleetStore {
 }
 
 /// The sync loop's state: the connection and what it has done so far.
-struct Sync {
+struct StoreSync {
     store: Arc<FleetStore>,
     registry: Arc<Registry>,
     enrollment: Arc<Enrollment>,
@@ -170,7 +170,7 @@ async fn timed<T>(
         .map_err(StoreError::from)
 }
 
-impl Sync {
+impl StoreSync {
     /// Logs when the store is lost or found again, not every round.
     fn report(&mut self, result: Result<(), StoreError>) {
         self.metrics.fleet_store(&self.store.prefix, result.is_ok());
@@ -202,7 +202,8 @@ impl Sync {
                 c
             }
         };
-        let version: Option<i64> = timed(conn.get(&self.store.version_key)).await?;
+        let mut version: Option<i64> = timed(conn.get(&self.store.version_key)).await?;
+        let mut wrote = true;
         if version.is_none() {
             // A new store, or one restarted empty: what this replica has.
             // Its counter starts again, so a version seen before says
@@ -215,9 +216,14 @@ impl Sync {
         } else if !self.joined {
             self.offer(&mut conn, &self.store.flags).await?;
             self.joined = true;
+        } else {
+            wrote = false;
         }
-        self.push_outbox(&mut conn).await?;
-        let version: Option<i64> = timed(conn.get(&self.store.version_key)).await?;
+        wrote |= self.push_outbox(&mut conn).await?;
+        if wrote {
+            // Its own writes raised the counter: read where it stands now.
+            version = timed(conn.get(&self.store.version_key)).await?;
+        }
         if version.is_some() && version != self.seen {
             let stored: HashMap<String, String> =
                 timed(conn.hgetall(&self.store.workers_key)).await?;
@@ -243,8 +249,9 @@ impl Sync {
         timed(pipe.query_async::<()>(conn)).await
     }
 
-    /// Writes the changes made here since the last round.
-    async fn push_outbox(&self, conn: &mut MultiplexedConnection) -> Result<(), StoreError> {
+    /// Writes the changes made here since the last round; whether there
+    /// were any.
+    async fn push_outbox(&self, conn: &mut MultiplexedConnection) -> Result<bool, StoreError> {
         let changes: Vec<(String, Change)> = self
             .store
             .outbox
@@ -253,7 +260,7 @@ impl Sync {
             .map(|(u, c)| (u.clone(), c.clone()))
             .collect();
         if changes.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let mut pipe = redis::pipe();
         for (url, change) in &changes {
@@ -278,7 +285,7 @@ impl Sync {
                 outbox.remove(&url);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Registers the stored workers this replica lacks and removes those

@@ -329,13 +329,6 @@ pub(super) async fn add(State(s): State<AdminState>, body: Bytes) -> Response {
         Err(e) => return e.into_response(),
     };
     let id = enrolled.id();
-    if let Some(url) = match &enrolled {
-        Enrolled::Registered(_, units) => units.first().map(|w| w.base_url.clone()),
-        Enrolled::Pending(_) => s.enrollment.job(id).map(|j| j.url),
-        Enrolled::Existing(_) => None,
-    } {
-        s.share_added(url, spec, id);
-    }
     let (message, units) = match &enrolled {
         Enrolled::Registered(_, units) => {
             info!(worker = %req.url, %id, "worker added through the /workers API");
@@ -350,11 +343,17 @@ pub(super) async fn add(State(s): State<AdminState>, body: Bytes) -> Response {
             Vec::new(),
         ),
     };
-    let url = units
+    let normalised = units
         .first()
         .map(|w| w.base_url.clone())
-        .or_else(|| s.enrollment.job(id).map(|j| j.url))
-        .unwrap_or(req.url);
+        .or_else(|| s.enrollment.job(id).map(|j| j.url));
+    if let Some(url) = normalised
+        .as_ref()
+        .filter(|_| !matches!(enrolled, Enrolled::Existing(_)))
+    {
+        s.share_added(url.clone(), spec, id);
+    }
+    let url = normalised.unwrap_or(req.url);
     let location = format!("/workers/{id}");
     let mut response = (
         StatusCode::ACCEPTED,
