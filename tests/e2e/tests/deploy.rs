@@ -187,6 +187,71 @@ fn without(v: &Value, key: &str) -> Value {
     v
 }
 
+/// The services among `running` that answer to `host` in the compose
+/// network: by their service name or a network alias.
+fn named(compose: &Value, host: &str, running: &[String]) -> Vec<String> {
+    running
+        .iter()
+        .filter(|name| {
+            *name == host
+                || aliases(&compose["services"][name.as_str()])
+                    .iter()
+                    .any(|a| a == host)
+        })
+        .cloned()
+        .collect()
+}
+
+/// A compose service's network aliases (on every network it joins).
+fn aliases(service: &Value) -> Vec<String> {
+    service["networks"]
+        .as_mapping()
+        .into_iter()
+        .flatten()
+        .flat_map(|(_, n)| n["aliases"].as_sequence().into_iter().flatten().map(s))
+        .collect()
+}
+
+/// deploy/control-plane.yaml's headless Service of the control plane: the
+/// one Service without a cluster IP that selects the control plane's pods.
+fn cp_headless_service(k8s: &[Value]) -> &Value {
+    let dep = find_doc(k8s, "Deployment", Some("sglang-control-plane"));
+    let found: Vec<&Value> = k8s
+        .iter()
+        .filter(|d| {
+            d["kind"] == "Service"
+                && d["spec"]["clusterIP"].as_str() == Some("None")
+                && d["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "one headless Service of the control plane");
+    found[0]
+}
+
+/// `name.namespace.svc.cluster.local` of a Service.
+fn service_dns(svc: &Value) -> String {
+    format!(
+        "{}.{}.svc.cluster.local",
+        s(&svc["metadata"]["name"]),
+        s(&svc["metadata"]["namespace"])
+    )
+}
+
+/// Every Envoy cluster in `v` (a mapping with a `load_assignment`), at any
+/// depth: EnvoyFilter patches, EnvoyPatchPolicy values.
+fn envoy_clusters<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+    match v {
+        Value::Mapping(m) => {
+            if m.contains_key("load_assignment") {
+                out.push(v);
+            }
+            m.values().for_each(|x| envoy_clusters(x, out));
+        }
+        Value::Sequence(items) => items.iter().for_each(|x| envoy_clusters(x, out)),
+        _ => {}
+    }
+}
+
 /// Dockerfile stages: name -> instructions (continuation lines joined).
 fn dockerfile() -> BTreeMap<String, Vec<String>> {
     let text = read("Dockerfile").replace("\\\n", " ");
@@ -294,9 +359,19 @@ fn compose_runs_the_quickstart_configuration() {
         match name.as_str() {
             "LISTEN_HOST" => assert_eq!(env[name], "0.0.0.0"),
             "CONTROL_PLANE_HOST" => {
-                assert!(
-                    services.contains_key(env[name].as_str()),
-                    "{name} is a service"
+                // A name the control plane answers to without a profile:
+                // its network alias, which profile ha's second control
+                // plane carries too.
+                let default_services: Vec<String> = services
+                    .iter()
+                    .filter(|(_, v)| v["profiles"].is_null())
+                    .map(|(k, _)| s(k))
+                    .collect();
+                assert_eq!(
+                    named(&c, &env[name], &default_services),
+                    ["control-plane"],
+                    "{name} {} names the control plane",
+                    env[name]
                 )
             }
             _ => assert_eq!(&interpolate_defaults(&env[name]), value, "{name}"),
@@ -444,6 +519,101 @@ fn compose_demo_profile_mirrors_the_quickstart_workers() {
             "service_healthy"
         );
     }
+}
+
+/// The FLEET_STORE_FLAGS .env.example gives for profile ha (in a comment:
+/// the variable itself stays empty, as without the profile there is no
+/// store).
+fn ha_fleet_store_flags() -> String {
+    let env = read(".env.example");
+    assert_eq!(
+        &caps(r"(?m)^FLEET_STORE_FLAGS=(.*)$", &env)[1],
+        "",
+        ".env.example leaves FLEET_STORE_FLAGS empty"
+    );
+    caps(r"(?m)^#\s+FLEET_STORE_FLAGS=(.+)$", &env)[1]
+        .trim()
+        .to_string()
+}
+
+/// Profile ha, as the file says it: a second control plane like the first,
+/// both under the name Envoy reaches the control planes by, and the Redis
+/// that .env.example's FLEET_STORE_FLAGS for the profile names. Without the
+/// profile the name is the one control plane's and no store is used.
+#[test]
+fn compose_ha_profile_runs_two_control_planes_under_one_name() {
+    let c = compose();
+    let services = c["services"].as_mapping().unwrap();
+    let profile = |svc: &Value| -> Vec<String> {
+        svc["profiles"]
+            .as_sequence()
+            .map(|p| p.iter().map(s).collect())
+            .unwrap_or_default()
+    };
+    let in_ha: BTreeSet<String> = services
+        .iter()
+        .filter(|(_, v)| profile(v).contains(&"ha".to_string()))
+        .map(|(k, _)| s(k))
+        .collect();
+    assert_eq!(
+        in_ha,
+        BTreeSet::from(["control-plane-2", "redis"].map(String::from))
+    );
+
+    // The same control plane twice: image, command, token, health check.
+    let first = &c["services"]["control-plane"];
+    let second = &c["services"]["control-plane-2"];
+    for key in [
+        "build",
+        "command",
+        "environment",
+        "extra_hosts",
+        "healthcheck",
+        "restart",
+    ] {
+        assert_eq!(first[key], second[key], "control-plane-2's {key}");
+    }
+    assert!(
+        second["ports"].is_null(),
+        "control-plane-2 publishes nothing (the admin port is control-plane's)"
+    );
+
+    // Envoy's name for the control plane: both with the profile, the first
+    // alone without.
+    let host = env_of(&c["services"]["envoy"])["CONTROL_PLANE_HOST"].clone();
+    let running = |with_ha: bool| -> Vec<String> {
+        services
+            .iter()
+            .filter(|(_, v)| profile(v).is_empty() || (with_ha && profile(v) == ["ha"]))
+            .map(|(k, _)| s(k))
+            .collect()
+    };
+    assert_eq!(named(&c, &host, &running(false)), ["control-plane"]);
+    assert_eq!(
+        named(&c, &host, &running(true)),
+        ["control-plane", "control-plane-2"]
+    );
+
+    // The fleet store: the flag both commands take from FLEET_STORE_FLAGS,
+    // empty by default; .env.example's value for the profile names the ha
+    // profile's Redis, which is not published.
+    let command = s(&first["command"]);
+    assert!(command.contains("${FLEET_STORE_FLAGS:-}"), "{command}");
+    assert!(!interpolate_defaults(&command).contains("--fleet-store-url"));
+    let store_flags = ha_fleet_store_flags();
+    let url = flags(&shell_words(&store_flags))["--fleet-store-url"].clone();
+    let (store, port) = url
+        .strip_prefix("redis://")
+        .and_then(|a| a.split_once(':'))
+        .unwrap_or_else(|| panic!("{url}: redis://host:port"));
+    let redis = &c["services"][store];
+    assert_eq!(profile(redis), ["ha"], "{store} runs with the profile only");
+    let image = s(&redis["image"]);
+    assert!(
+        (image.starts_with("redis:") || image.starts_with("valkey/valkey:")) && port == "6379",
+        "{url} is {image}'s port"
+    );
+    assert!(redis["ports"].is_null(), "the store is not published");
 }
 
 #[test]
@@ -609,7 +779,10 @@ fn compose_rendered_envoy_config_is_valid() {
 }
 
 /// `docker-compose config` (and `docker compose config` when the plugin is
-/// there) accepts the file, by default and with `--profile demo`.
+/// there) accepts the file, by default, with `--profile demo` and with
+/// `--profile ha` (and .env.example's FLEET_STORE_FLAGS for it): Envoy's
+/// CONTROL_PLANE_HOST names every control plane that runs, and only those
+/// of profile ha use the fleet store.
 #[test]
 fn docker_compose_config_accepts_the_file() {
     let mut tools: Vec<Vec<&str>> = Vec::new();
@@ -638,6 +811,22 @@ fn docker_compose_config_accepts_the_file() {
     let worker_urls = caps(r"(?m)^WORKER_URLS=(.*)$", &env_example)[1].to_string();
     let empty = std::env::temp_dir().join("sglang-envoy-empty.env");
     std::fs::write(&empty, "").unwrap();
+    // Profile ha's .env: .env.example with the FLEET_STORE_FLAGS it gives
+    // for the profile.
+    let store_flags = ha_fleet_store_flags();
+    let ha_env = std::env::temp_dir().join(format!("sglang-envoy-ha-{}.env", std::process::id()));
+    std::fs::write(
+        &ha_env,
+        Regex::new(r"(?m)^FLEET_STORE_FLAGS=.*$")
+            .unwrap()
+            .replace(
+                &env_example,
+                format!("FLEET_STORE_FLAGS={store_flags}").as_str(),
+            )
+            .as_ref(),
+    )
+    .unwrap();
+    let store_url = flags(&shell_words(&store_flags))["--fleet-store-url"].clone();
     for tool in &tools {
         for (env_file, profile, expected) in [
             (
@@ -657,6 +846,17 @@ fn docker_compose_config_accepts_the_file() {
                     "worker-2",
                 ],
             ),
+            (
+                ha_env.clone(),
+                Some("ha"),
+                vec![
+                    "control-plane",
+                    "control-plane-2",
+                    "envoy",
+                    "filter",
+                    "redis",
+                ],
+            ),
         ] {
             let mut cmd = Command::new(tool[0]);
             cmd.args(&tool[1..])
@@ -671,8 +871,10 @@ fn docker_compose_config_accepts_the_file() {
             for var in [
                 "WORKER_URLS",
                 "CONTROL_PLANE_FLAGS",
+                "FLEET_STORE_FLAGS",
                 "PORT",
                 "MAX_BODY_BYTES",
+                "COMPOSE_PROFILES",
             ] {
                 cmd.env_remove(var);
             }
@@ -699,16 +901,62 @@ fn docker_compose_config_accepts_the_file() {
                 .collect();
             names.sort();
             assert_eq!(names, expected, "{tool:?} {profile:?}");
-            let cp_command = match &resolved["services"]["control-plane"]["command"] {
-                Value::Sequence(_) => {
-                    strings(&resolved["services"]["control-plane"]["command"]).join(" ")
+            let command = |service: &str| -> Vec<String> {
+                match &resolved["services"][service]["command"] {
+                    Value::Sequence(_) => strings(&resolved["services"][service]["command"]),
+                    v => shell_words(&s(v)),
                 }
-                v => s(v),
             };
+            let cp_command = command("control-plane").join(" ");
             if profile.is_some() {
                 assert!(
                     cp_command.contains(&format!("--worker-urls {worker_urls}")),
                     "WORKER_URLS from the env file: {cp_command}"
+                );
+            }
+            // The control planes that run (not demo-register, which runs the
+            // same image in the first one's network namespace), all under
+            // Envoy's CONTROL_PLANE_HOST; with profile ha, two, sharing the
+            // fleet store, which nobody outside the network reaches.
+            let control_planes: Vec<String> = names
+                .iter()
+                .filter(|n| {
+                    let svc = &resolved["services"][n.as_str()];
+                    svc["build"]["target"].as_str() == Some("control-plane")
+                        && svc["network_mode"].is_null()
+                })
+                .cloned()
+                .collect();
+            let ha = profile == Some("ha");
+            assert_eq!(
+                control_planes.len(),
+                if ha { 2 } else { 1 },
+                "{tool:?} {profile:?}"
+            );
+            let host = env_of(&resolved["services"]["envoy"])["CONTROL_PLANE_HOST"].clone();
+            assert_eq!(
+                named(&resolved, &host, &names),
+                control_planes,
+                "{tool:?} {profile:?}: Envoy's {host} names every control plane"
+            );
+            for cp in &control_planes {
+                assert_eq!(
+                    flags(&command(cp)).get("--fleet-store-url"),
+                    ha.then_some(&store_url),
+                    "{tool:?} {profile:?}: {cp}'s fleet store"
+                );
+            }
+            if ha {
+                assert_eq!(command("control-plane"), command("control-plane-2"));
+                let store = store_url
+                    .strip_prefix("redis://")
+                    .and_then(|a| a.split_once(':'))
+                    .map(|(host, _)| host)
+                    .expect("redis://host:port");
+                assert!(names.iter().any(|n| n == store), "{store} runs");
+                assert!(
+                    resolved["services"][store]["ports"].is_null(),
+                    "{tool:?}: the store publishes no port"
                 );
             }
         }
@@ -859,15 +1107,9 @@ fn istio_envoyfilter_carries_the_template_settings() {
     let addr = &cp["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
         ["socket_address"];
     let k8s = yaml_docs("deploy/control-plane.yaml");
-    let svc = find_doc(&k8s, "Service", Some("sglang-control-plane"));
-    assert_eq!(
-        s(&addr["address"]),
-        format!(
-            "{}.{}.svc.cluster.local",
-            s(&svc["metadata"]["name"]),
-            s(&svc["metadata"]["namespace"])
-        )
-    );
+    // The headless Service: every replica an endpoint of its own
+    // (envoy_clusters_reach_every_control_plane_replica).
+    assert_eq!(s(&addr["address"]), service_dns(cp_headless_service(&k8s)));
     assert_eq!(s(&addr["port_value"]), qs.cp_flags["--grpc-port"]);
 
     // The wasm filter: the template's config but the filter's path.
@@ -997,10 +1239,13 @@ fn envoy_gateway_policies_match_the_template() {
     assert_eq!(s(&eep["metadata"]["namespace"]), ns);
     assert_eq!(s(&eep["spec"]["targetRefs"][0]["name"]), "sglang");
     let proc = &eep["spec"]["extProc"][0];
+    // The Service with a cluster IP: Envoy Gateway takes every replica from
+    // its endpoints, and routingType Service needs the cluster IP.
     assert_eq!(
         s(&proc["backendRefs"][0]["name"]),
         s(&cp_svc["metadata"]["name"])
     );
+    assert_ne!(cp_svc["spec"]["clusterIP"].as_str(), Some("None"));
     assert_eq!(
         s(&proc["backendRefs"][0]["port"]),
         qs.cp_flags["--grpc-port"]
@@ -1127,10 +1372,9 @@ fn kubernetes_control_plane_uses_the_quickstart_flags() {
     let k8s = yaml_docs("deploy/control-plane.yaml");
     let dep = find_doc(&k8s, "Deployment", Some("sglang-control-plane"));
     assert_eq!(s(&dep["apiVersion"]), "apps/v1");
-    assert_eq!(
-        dep["spec"]["replicas"].as_u64(),
-        Some(1),
-        "state is in memory"
+    assert!(
+        dep["spec"]["replicas"].as_u64() >= Some(2),
+        "several control planes, all active (checked below)"
     );
     let pod = &dep["spec"]["template"];
     assert_eq!(
@@ -1198,6 +1442,180 @@ fn kubernetes_control_plane_uses_the_quickstart_flags() {
     for u in urls {
         assert!(u.starts_with("http://") && u.ends_with(&suffix), "{u}");
     }
+}
+
+/// Several control planes on Kubernetes: two or more replicas that an update
+/// replaces one at a time, a PodDisruptionBudget that lets a drain take only
+/// some of them, and a headless Service of the gRPC port whose name
+/// resolves to each Ready replica. Every replica starts from the same
+/// worker list (the same args), and what lets Envoy reach them is unchanged
+/// (the NetworkPolicy selects the pods, not a Service).
+#[test]
+fn kubernetes_control_plane_runs_replicas_behind_a_headless_service() {
+    let k8s = yaml_docs("deploy/control-plane.yaml");
+    let dep = find_doc(&k8s, "Deployment", Some("sglang-control-plane"));
+    let replicas = dep["spec"]["replicas"].as_u64().expect("replicas");
+    assert!(replicas >= 2, "replicas: {replicas}");
+    let ns = dep["metadata"]["namespace"].clone();
+    let pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+        .as_mapping()
+        .unwrap();
+    let selects = |selector: &Value| {
+        selector
+            .as_mapping()
+            .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| pod_labels.get(k) == Some(v)))
+    };
+
+    // An update never stops every replica at once.
+    let strategy = &dep["spec"]["strategy"];
+    assert_ne!(
+        strategy["type"].as_str(),
+        Some("Recreate"),
+        "Recreate stops every replica before starting any"
+    );
+    assert_eq!(
+        strategy["rollingUpdate"]["maxUnavailable"].as_u64(),
+        Some(0),
+        "a replica is stopped only once its successor runs"
+    );
+
+    // A disruption budget over the replicas: some may go, never all.
+    let pdbs: Vec<&Value> = k8s
+        .iter()
+        .filter(|d| {
+            d["kind"] == "PodDisruptionBudget"
+                && d["metadata"]["namespace"] == ns
+                && selects(&d["spec"]["selector"]["matchLabels"])
+        })
+        .collect();
+    assert_eq!(
+        pdbs.len(),
+        1,
+        "one PodDisruptionBudget selects the control plane"
+    );
+    let pdb = pdbs[0];
+    assert_eq!(s(&pdb["apiVersion"]), "policy/v1");
+    let evictable = match (
+        pdb["spec"]["minAvailable"].as_u64(),
+        pdb["spec"]["maxUnavailable"].as_u64(),
+    ) {
+        (Some(min), None) => replicas.saturating_sub(min),
+        (None, Some(max)) => max.min(replicas),
+        other => panic!("minAvailable or maxUnavailable, as a number: {other:?}"),
+    };
+    assert!(
+        (1..replicas).contains(&evictable),
+        "a drain may evict {evictable} of {replicas} replicas"
+    );
+
+    // The headless Service: the gRPC port only (the admin API stays on the
+    // other Service), only Ready replicas in its answer.
+    let headless = cp_headless_service(&k8s);
+    assert_eq!(headless["metadata"]["namespace"], ns);
+    assert!(selects(&headless["spec"]["selector"]));
+    assert_ne!(
+        headless["spec"]["publishNotReadyAddresses"],
+        Value::Bool(true),
+        "a replica that is not Ready is left out of the name"
+    );
+    let grpc_port = {
+        let c = &dep["spec"]["template"]["spec"]["containers"][0];
+        flags(&strings(&c["args"]))["--grpc-port"].clone()
+    };
+    let ports: Vec<(String, String)> = headless["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| (s(&p["port"]), s(&p["targetPort"])))
+        .collect();
+    assert_eq!(ports, [(grpc_port.clone(), grpc_port.clone())]);
+    // The ClusterIP Service stays, for what must name a Service with a
+    // cluster IP (Envoy Gateway's ext_proc backendRefs, port-forward).
+    let svc = find_doc(&k8s, "Service", Some("sglang-control-plane"));
+    assert!(svc["spec"]["clusterIP"].as_str() != Some("None"));
+
+    // The NetworkPolicy still admits the gateways to the gRPC port of every
+    // replica (it selects the pods).
+    let np = find_doc(&k8s, "NetworkPolicy", Some("sglang-control-plane"));
+    assert!(selects(&np["spec"]["podSelector"]["matchLabels"]));
+    let grpc_rule = np["spec"]["ingress"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["ports"]
+                .as_sequence()
+                .is_some_and(|ps| ps.iter().any(|p| s(&p["port"]) == grpc_port))
+        })
+        .expect("a rule for the gRPC port");
+    assert!(grpc_rule["from"]
+        .as_sequence()
+        .is_some_and(|f| !f.is_empty()));
+}
+
+/// Every Envoy cluster of deploy/ that reaches the control plane's gRPC port
+/// by name resolves its headless Service (each replica an endpoint), and
+/// ejects a replica that refuses a connection on the first failure, as
+/// envoy/envoy.yaml's cluster does, so the next stream goes to a live one.
+#[test]
+fn envoy_clusters_reach_every_control_plane_replica() {
+    let qs = quickstart();
+    let grpc_port = &qs.cp_flags["--grpc-port"];
+    let k8s = yaml_docs("deploy/control-plane.yaml");
+    let headless = service_dns(cp_headless_service(&k8s));
+    let t = template();
+    let template_outliers = &cluster(&t, "sglang_control_plane")["outlier_detection"];
+    let mut checked = Vec::new();
+    for file in deploy_yaml_files() {
+        let docs = yaml_docs(&file);
+        let mut clusters = Vec::new();
+        docs.iter().for_each(|d| envoy_clusters(d, &mut clusters));
+        for c in clusters {
+            let name = s(&c["name"]);
+            let addr = &c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+                ["address"]["socket_address"];
+            let to_control_plane = s(&addr["port_value"]) == *grpc_port
+                || s(&addr["address"]).contains("control-plane");
+            if !to_control_plane {
+                continue;
+            }
+            assert_eq!(
+                s(&addr["address"]),
+                headless,
+                "{file}: {name} resolves the headless Service"
+            );
+            assert_eq!(s(&addr["port_value"]), *grpc_port, "{file}: {name}");
+            assert_eq!(s(&c["type"]), "STRICT_DNS", "{file}: {name}");
+            let o = &c["outlier_detection"];
+            assert_eq!(
+                o["split_external_local_origin_errors"],
+                Value::Bool(true),
+                "{file}: {name} counts refused connections apart"
+            );
+            assert_eq!(
+                o["consecutive_local_origin_failure"].as_u64(),
+                Some(1),
+                "{file}: {name} ejects on the first"
+            );
+            assert_eq!(
+                o["enforcing_consecutive_local_origin_failure"].as_u64(),
+                Some(100),
+                "{file}: {name}"
+            );
+            assert_eq!(
+                o["max_ejection_percent"].as_u64(),
+                Some(100),
+                "{file}: {name} may eject every replica"
+            );
+            assert_eq!(o, template_outliers, "{file}: {name} as envoy/envoy.yaml's");
+            checked.push(format!("{file}: {name}"));
+        }
+    }
+    assert_eq!(
+        checked.len(),
+        2,
+        "the Istio and Envoy Gateway wasm recipes: {checked:?}"
+    );
 }
 
 /// Metric names the control plane exports, as Prometheus sees them, with
@@ -1324,8 +1742,8 @@ fn grafana_dashboard_queries_exported_metrics() {
     assert!(read("README.md").contains("deploy/grafana/sglang-envoy-router.json"));
 }
 
-#[test]
-fn every_deploy_yaml_parses_with_kind_and_api_version() {
+/// Every YAML file under deploy/, relative to the repository, sorted.
+fn deploy_yaml_files() -> Vec<String> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap().flatten() {
             let p = e.path();
@@ -1338,9 +1756,19 @@ fn every_deploy_yaml_parses_with_kind_and_api_version() {
     }
     let mut files = Vec::new();
     walk(&root().join("deploy"), &mut files);
+    let mut rel: Vec<String> = files
+        .iter()
+        .map(|f| f.strip_prefix(root()).unwrap().display().to_string())
+        .collect();
+    rel.sort();
+    rel
+}
+
+#[test]
+fn every_deploy_yaml_parses_with_kind_and_api_version() {
+    let files = deploy_yaml_files();
     assert!(files.len() >= 7, "{files:?}");
-    for f in files {
-        let rel = f.strip_prefix(root()).unwrap().display().to_string();
+    for rel in files {
         let docs = yaml_docs(&rel);
         assert!(!docs.is_empty(), "{rel}");
         if rel.ends_with("-patch.yaml") {
