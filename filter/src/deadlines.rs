@@ -49,6 +49,18 @@ impl<K: Copy + Ord + Hash, V> Deadlines<K, V> {
         self.entries.get(&key).map(|(_, value)| value)
     }
 
+    /// Every entry, to change its value (not its deadline).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
+        self.entries
+            .iter_mut()
+            .map(|(key, (_, value))| (key, value))
+    }
+
+    /// Every value, to change it (not its deadline).
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.entries.values_mut().map(|(_, value)| value)
+    }
+
     /// Removes and returns the entries due before `now`, earliest first.
     pub fn expired(&mut self, now: SystemTime) -> Vec<(K, V)> {
         let mut due = Vec::new();

@@ -22,7 +22,7 @@ use crate::holds::Holds;
 use crate::host;
 use crate::http::{Request, RequestContext, Shared};
 use crate::reply::send_reply_for;
-use crate::session::{Session, Wait};
+use crate::session::{self, Session, Wait};
 
 /// Completions sent in one `Complete` call.
 const REPORT_BATCH: usize = 1024;
@@ -127,8 +127,12 @@ impl Context for Root {
         }
     }
 
-    fn on_grpc_stream_initial_metadata(&mut self, token_id: u32, _: u32) {
-        self.shared.session.confirmed(token_id);
+    fn on_grpc_stream_initial_metadata(&mut self, token_id: u32, entries: u32) {
+        // Empty: Envoy's own failure of the stream, whose trailers follow.
+        if entries > 0 {
+            let now = self.get_current_time();
+            self.shared.session.confirmed(token_id, now);
+        }
     }
 
     fn on_grpc_stream_message(&mut self, token_id: u32, size: usize) {
@@ -165,13 +169,18 @@ impl Context for Root {
         let stranded = self.shared.session.closed(token_id, now);
         if status_code != 0 || !stranded.is_empty() {
             warn!(
-                "control plane session ended (grpc status {status_code}); {} questions fall back",
+                "control plane session ended (grpc status {status_code}, {} questions wait for the next one); {} questions fall back",
+                self.shared.session.waiting(),
                 stranded.len()
             );
         }
         for (context, wait) in stranded {
             self.act_for(context, |r| r.wait_over(wait));
         }
+        // The next tick opens the next stream (due at once): not from
+        // here, as Envoy may fail a new stream inside the call that opens
+        // it, calling back into the SDK's dispatcher, which is in the
+        // middle of this callback and panics (proxy-wasm 0.2.5).
     }
 }
 
@@ -195,6 +204,8 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         self.keep_session();
+        // Acting as the root, which owns the stream.
+        self.shared.session.flush(session::send_on);
         self.refresh_workers();
         self.report();
         self.time_out_questions();
@@ -249,7 +260,9 @@ impl Root {
             Ok(token) => self.shared.session.opened(token),
             Err(status) => {
                 warn!("cannot open the control plane session: {status:?}");
-                self.shared.session.open_failed(now);
+                for (context, wait) in self.shared.session.open_failed(now) {
+                    self.act_for(context, |r| r.wait_over(wait));
+                }
             }
         }
     }

@@ -9,9 +9,17 @@
 //!
 //! Answers arrive at the root context, which owns the stream; it acts for
 //! the waiting request (see `root.rs`). Every question has a deadline, kept
-//! here and checked on the root's tick; when the stream breaks, every
-//! question on it is over at once. Either way the request gets no answer
+//! here and checked on the root's tick; past it the request gets no answer
 //! and takes the outage fallback, as a failed call would.
+//!
+//! Several control planes may stand behind the cluster (issue 28). When the
+//! stream breaks (its replica died), the root opens the next one on its
+//! next tick (20 ms) and the questions that were on the broken stream wait for it: they are
+//! sent again, once, as soon as a control plane answers the new stream's
+//! opening, so they reach a live replica without waiting for a deadline.
+//! Questions asked while a stream is opening wait for it the same way
+//! rather than take calls of their own: a request's question and its end
+//! then travel on one stream, to the one replica that counted its load.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -24,8 +32,15 @@ use crate::deadlines::Deadlines;
 
 /// First wait before reopening a broken stream; doubled on each failure.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest wait before reopening.
+/// Longest wait before reopening. A stream that was up and broke is
+/// reopened on the root's next tick, and once more on the one after if
+/// that fails (the first try may have reached the dead replica before
+/// Envoy ejected it); the backoff starts after that.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// A stream up at least this long had worked when it breaks: its next one
+/// is opened at once. One that breaks sooner (a control plane that answers
+/// and then drops every session) keeps backing off.
+const STEADY: Duration = Duration::from_secs(1);
 /// Larger questions (PD bodies) take a call of their own rather than hold
 /// up every other request's question behind them on the one stream.
 pub const MAX_QUESTION_BYTES: usize = 256 << 10;
@@ -33,16 +48,25 @@ pub const MAX_QUESTION_BYTES: usize = 256 << 10;
 /// The state of the VM's stream to the control plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Link {
-    /// No stream. The next attempt is due at `retry_at`.
+    /// No stream. The next attempt is due at `retry_at`. With
+    /// `questions_wait`, a stream that worked just broke and the next is
+    /// due at once (the root's next tick): questions wait for it rather
+    /// than take calls of their own.
     Down {
         retry_at: SystemTime,
         backoff: Duration,
+        questions_wait: bool,
     },
     /// Opened; the control plane has not answered its opening yet, so
     /// questions still take calls of their own.
     Opening { token: u32, backoff: Duration },
-    /// The control plane answered: questions and ends go on it.
-    Up { token: u32 },
+    /// The control plane answered (at `since`): questions and ends go on
+    /// it. `backoff` is the opening's, for a stream that breaks too soon.
+    Up {
+        token: u32,
+        since: SystemTime,
+        backoff: Duration,
+    },
 }
 
 /// What a request waits for on the stream.
@@ -62,16 +86,42 @@ impl Wait {
     const ALL: [Wait; 3] = [Wait::Answer, Wait::Prefill, Wait::Counted];
 }
 
+/// What becomes of a question when its stream breaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Resend {
+    /// Nothing is sent again: prefill and end waits (their replica held
+    /// the state they wait on), and questions already sent twice.
+    Never,
+    /// Sent on the current stream; waits for the next one if it breaks.
+    Once(Vec<u8>),
+    /// Waits for a stream to go up, then is sent; `again` when it was sent
+    /// before (it is then not kept a third time).
+    Queued { message: Vec<u8>, again: bool },
+}
+
+/// A request waiting on the stream.
+#[derive(Debug)]
+struct Waiter {
+    /// The waiting request's HTTP context.
+    context: u32,
+    resend: Resend,
+}
+
+/// Sends a message on stream `token` as the root context `root`, then acts
+/// for request `context` again; false when it failed. The host's
+/// ([`send_as_root`]) outside unit tests.
+type Sender = fn(root: u32, context: u32, token: u32, message: &[u8]) -> bool;
+
 struct Inner {
     /// The root context, which owns the stream (sends are made as it).
     root: u32,
+    send: Sender,
     link: Link,
     /// Requests waiting on the stream, by ticket and what they wait for: a
     /// PD request may wait for its prefill's outcome and for its end to be
     /// counted at once, and neither wait may replace the other (the answer
     /// to the replaced one would be dropped, and its request left waiting).
-    /// The value is the waiting request's HTTP context.
-    waiting: Deadlines<(u64, Wait), u32>,
+    waiting: Deadlines<(u64, Wait), Waiter>,
 }
 
 /// One VM's session, shared by its root context and its requests (the VM
@@ -82,11 +132,18 @@ pub struct Session(Rc<RefCell<Inner>>);
 impl Session {
     /// The session of the VM whose root context is `root`; not open yet.
     pub fn new(root: u32) -> Self {
+        Self::with_sender(root, send_as_root)
+    }
+
+    /// A session that sends through `send`.
+    fn with_sender(root: u32, send: Sender) -> Self {
         Session(Rc::new(RefCell::new(Inner {
             root,
+            send,
             link: Link::Down {
                 retry_at: SystemTime::UNIX_EPOCH,
                 backoff: FIRST_BACKOFF,
+                questions_wait: false,
             },
             waiting: Deadlines::default(),
         })))
@@ -97,11 +154,51 @@ impl Session {
         matches!(self.0.borrow().link, Link::Up { .. })
     }
 
+    /// True when a question asked at `now` goes on the stream: it is up,
+    /// opening, or about to be reopened (the question waits for it).
+    pub fn takes_questions(&self, now: SystemTime) -> bool {
+        match self.0.borrow().link {
+            Link::Down {
+                retry_at,
+                questions_wait,
+                ..
+            } => questions_wait && retry_at <= now,
+            Link::Opening { .. } | Link::Up { .. } => true,
+        }
+    }
+
     /// Sends the question of `context` about `ticket`, to be answered
-    /// before `deadline`. False when it could not be sent (the caller asks
-    /// with a call of its own).
-    pub fn ask(&self, context: u32, ticket: u64, message: &[u8], deadline: SystemTime) -> bool {
-        self.send_and_wait(context, ticket, message, Wait::Answer, deadline)
+    /// before `deadline`, or queues it for the stream about to open. False
+    /// when there is none to wait for (the caller asks with a call of its
+    /// own).
+    pub fn ask(
+        &self,
+        context: u32,
+        ticket: u64,
+        message: Vec<u8>,
+        now: SystemTime,
+        deadline: SystemTime,
+    ) -> bool {
+        if !self.takes_questions(now) {
+            return false;
+        }
+        let resend = if self.is_up() {
+            if !self.send(context, &message) {
+                return false;
+            }
+            Resend::Once(message)
+        } else {
+            Resend::Queued {
+                message,
+                again: false,
+            }
+        };
+        let waiter = Waiter { context, resend };
+        self.0
+            .borrow_mut()
+            .waiting
+            .insert((ticket, Wait::Answer), deadline, waiter);
+        true
     }
 
     /// Reports a request's end from `context`. False when it could not be
@@ -146,10 +243,14 @@ impl Session {
         if !self.send(context, message) {
             return false;
         }
+        let waiter = Waiter {
+            context,
+            resend: Resend::Never,
+        };
         self.0
             .borrow_mut()
             .waiting
-            .insert((ticket, wait), deadline, context);
+            .insert((ticket, wait), deadline, waiter);
         true
     }
 
@@ -169,27 +270,14 @@ impl Session {
     /// Sends `message` on the stream as the root context, then acts for
     /// `context` again.
     fn send(&self, context: u32, message: &[u8]) -> bool {
-        let (root, token) = {
+        let (root, token, send) = {
             let inner = self.0.borrow();
             match inner.link {
-                Link::Up { token } => (inner.root, token),
+                Link::Up { token, .. } => (inner.root, token, inner.send),
                 _ => return false,
             }
         };
-        if hostcalls::set_effective_context(root).is_err() {
-            return false;
-        }
-        let sent = hostcalls::send_grpc_stream_message(token, Some(message), false);
-        if let Err(e) = hostcalls::set_effective_context(context) {
-            warn!("cannot act for request {context} again: {e:?}");
-        }
-        match sent {
-            Ok(()) => true,
-            Err(e) => {
-                warn!("cannot send on the control plane session: {e:?}");
-                false
-            }
-        }
+        send(root, context, token, message)
     }
 
     // What the root context does.
@@ -210,30 +298,61 @@ impl Session {
     }
 
     /// Opening the stream failed at once: try again after the backoff.
-    pub fn open_failed(&self, now: SystemTime) {
-        let mut inner = self.0.borrow_mut();
-        let backoff = match inner.link {
-            Link::Down { backoff, .. } | Link::Opening { backoff, .. } => backoff,
-            Link::Up { .. } => FIRST_BACKOFF,
-        };
-        inner.link = Link::Down {
-            retry_at: now + backoff,
-            backoff: (backoff * 2).min(MAX_BACKOFF),
-        };
+    /// Returns the waits that are over, as [`Session::closed`] does.
+    pub fn open_failed(&self, now: SystemTime) -> Vec<(u32, Wait)> {
+        self.broke(now)
     }
 
-    /// The control plane answered the opening of stream `token`.
-    pub fn confirmed(&self, token: u32) {
+    /// Stream `token` got its initial metadata at `now`: it is up.
+    ///
+    /// Envoy hands a stream that failed (a replica refusing the
+    /// connection) empty initial metadata too, then its trailers in the
+    /// same call: the root confirms only metadata with entries. And
+    /// nothing is sent from here: the
+    /// questions waiting for a stream go on the root's next tick
+    /// ([`Session::flush`]), by when a stream that failed is closed. (A
+    /// send from this callback met the closing stream and Envoy called back
+    /// into the SDK's dispatcher, which panicked: proxy-wasm 0.2.5.)
+    pub fn confirmed(&self, token: u32, now: SystemTime) {
         let mut inner = self.0.borrow_mut();
-        if matches!(inner.link, Link::Opening { token: t, .. } if t == token) {
-            inner.link = Link::Up { token };
+        if let Link::Opening { token: t, backoff } = inner.link {
+            if t == token {
+                inner.link = Link::Up {
+                    token,
+                    since: now,
+                    backoff,
+                };
+            }
+        }
+    }
+
+    /// Sends the questions waiting for a stream, when one is up, through
+    /// `send` (the root passes [`send_on`]; false when a message could not
+    /// be sent: it stays queued, and its deadline ends its wait).
+    pub fn flush(&self, mut send: impl FnMut(u32, &[u8]) -> bool) {
+        let mut inner = self.0.borrow_mut();
+        let Link::Up { token, .. } = inner.link else {
+            return;
+        };
+        for waiter in inner.waiting.values_mut() {
+            let Resend::Queued { message, again } = &mut waiter.resend else {
+                continue;
+            };
+            if !send(token, message) {
+                continue;
+            }
+            waiter.resend = if *again {
+                Resend::Never
+            } else {
+                Resend::Once(std::mem::take(message))
+            };
         }
     }
 
     /// True when `token` is the current stream.
     pub fn owns(&self, token: u32) -> bool {
         match self.0.borrow().link {
-            Link::Opening { token: t, .. } | Link::Up { token: t } => t == token,
+            Link::Opening { token: t, .. } | Link::Up { token: t, .. } => t == token,
             Link::Down { .. } => false,
         }
     }
@@ -242,30 +361,62 @@ impl Session {
     /// the context that waits for it, if one still does.
     pub fn answered(&self, ticket: u64, wait: Wait) -> Option<u32> {
         let mut inner = self.0.borrow_mut();
-        inner.waiting.remove((ticket, wait))
+        inner.waiting.remove((ticket, wait)).map(|w| w.context)
     }
 
-    /// Stream `token` ended at `now`: every wait on it is over (the
-    /// contexts are returned) and the next attempt waits for the backoff.
+    /// Stream `token` ended at `now`. The waits that cannot outlive it are
+    /// over (their contexts are returned); questions sent on it once wait
+    /// for the next stream, as do those queued for it, while that is due at
+    /// once: a stream that was up is reopened on the root's next tick, and
+    /// once more if that fails. After that the backoff starts, and the
+    /// questions still waiting are over too (every control plane may be
+    /// down: they fall back now rather than at their deadline).
     pub fn closed(&self, token: u32, now: SystemTime) -> Vec<(u32, Wait)> {
         if !self.owns(token) {
             return Vec::new();
         }
+        self.broke(now)
+    }
+
+    /// The stream broke (or could not be opened) at `now`: the next link,
+    /// and the waits that are over.
+    fn broke(&self, now: SystemTime) -> Vec<(u32, Wait)> {
         let mut inner = self.0.borrow_mut();
-        let backoff = match inner.link {
-            // It had worked: start again from the shortest wait.
-            Link::Up { .. } => FIRST_BACKOFF,
-            Link::Opening { backoff, .. } | Link::Down { backoff, .. } => backoff,
+        inner.link = match inner.link {
+            // It had worked: its replica may be gone, another may be up.
+            Link::Up { since, .. } if now >= since + STEADY => Link::Down {
+                retry_at: now,
+                backoff: Duration::ZERO,
+                questions_wait: true,
+            },
+            Link::Up { backoff, .. }
+            | Link::Opening { backoff, .. }
+            | Link::Down { backoff, .. } => Link::Down {
+                retry_at: now + backoff,
+                backoff: next_backoff(backoff),
+                // The quick second try after a stream that worked.
+                questions_wait: backoff.is_zero(),
+            },
         };
-        inner.link = Link::Down {
-            retry_at: now + backoff,
-            backoff: (backoff * 2).min(MAX_BACKOFF),
-        };
-        inner
-            .waiting
-            .drain()
-            .into_iter()
-            .map(|((_, wait), context)| (context, wait))
+        let retry_now = matches!(
+            inner.link,
+            Link::Down { retry_at, questions_wait: true, .. } if retry_at <= now
+        );
+        let mut over = Vec::new();
+        for ((ticket, wait), waiter) in inner.waiting.iter_mut() {
+            match &mut waiter.resend {
+                Resend::Once(message) if retry_now => {
+                    waiter.resend = Resend::Queued {
+                        message: std::mem::take(message),
+                        again: true,
+                    }
+                }
+                Resend::Queued { .. } if retry_now => {}
+                _ => over.push((*ticket, *wait)),
+            }
+        }
+        over.into_iter()
+            .filter_map(|key| Some((inner.waiting.remove(key)?.context, key.1)))
             .collect()
     }
 
@@ -273,7 +424,7 @@ impl Session {
     pub fn expired(&self, now: SystemTime) -> Vec<(u32, Wait)> {
         let late = self.0.borrow_mut().waiting.expired(now);
         late.into_iter()
-            .map(|((_, wait), context)| (context, wait))
+            .map(|((_, wait), waiter)| (waiter.context, wait))
             .collect()
     }
 
@@ -283,123 +434,38 @@ impl Session {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(ms: u64) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+/// The wait after `backoff` failed: doubled up to the cap, and the first
+/// wait after the immediate retries.
+fn next_backoff(backoff: Duration) -> Duration {
+    if backoff.is_zero() {
+        return FIRST_BACKOFF;
     }
+    (backoff * 2).min(MAX_BACKOFF)
+}
 
-    fn up(s: &Session, token: u32) {
-        s.opened(token);
-        s.confirmed(token);
+/// The host's [`Sender`].
+fn send_as_root(root: u32, context: u32, token: u32, message: &[u8]) -> bool {
+    if hostcalls::set_effective_context(root).is_err() {
+        return false;
     }
-
-    /// `context` waits on `s` for the answer to `ticket`'s question.
-    fn wait(s: &Session, ticket: u64, context: u32, deadline: SystemTime) {
-        wait_for(s, ticket, Wait::Answer, context, deadline);
+    let sent = send_on(token, message);
+    if let Err(e) = hostcalls::set_effective_context(context) {
+        warn!("cannot act for request {context} again: {e:?}");
     }
+    sent
+}
 
-    /// `context` waits on `s` for `kind` of `ticket`.
-    fn wait_for(s: &Session, ticket: u64, kind: Wait, context: u32, deadline: SystemTime) {
-        s.0.borrow_mut()
-            .waiting
-            .insert((ticket, kind), deadline, context);
-    }
-
-    #[test]
-    fn questions_wait_only_on_a_confirmed_stream() {
-        let s = Session::new(1);
-        assert!(s.due(at(0)));
-        s.opened(7);
-        assert!(!s.is_up() && !s.due(at(0)));
-        s.confirmed(8); // another stream's answer
-        assert!(!s.is_up());
-        s.confirmed(7);
-        assert!(s.is_up());
-    }
-
-    #[test]
-    fn each_answer_goes_to_the_context_that_asked_once() {
-        let s = Session::new(1);
-        up(&s, 7);
-        wait(&s, 100, 11, at(50));
-        wait(&s, 200, 12, at(50));
-        assert_eq!(
-            s.answered(200, Wait::Counted),
-            None,
-            "not what it waits for"
-        );
-        assert_eq!(s.answered(200, Wait::Answer), Some(12));
-        assert_eq!(s.answered(200, Wait::Answer), None);
-        assert_eq!(s.answered(100, Wait::Answer), Some(11));
-        assert_eq!(s.waiting(), 0);
-    }
-
-    #[test]
-    fn a_prefill_wait_and_an_end_wait_of_one_request_both_get_their_answer() {
-        let s = Session::new(1);
-        up(&s, 7);
-        for kind in [Wait::Prefill, Wait::Counted] {
-            wait_for(&s, 100, kind, 11, at(50));
+/// Sends `message` on stream `token`, acting as whichever context is
+/// effective (the stream's owner, the root). False when it failed.
+pub fn send_on(token: u32, message: &[u8]) -> bool {
+    match hostcalls::send_grpc_stream_message(token, Some(message), false) {
+        Ok(()) => true,
+        Err(e) => {
+            warn!("cannot send on the control plane session: {e:?}");
+            false
         }
-        // The end's acknowledgement first, then the prefill's outcome: the
-        // second wait was not lost to the first.
-        assert_eq!(s.answered(100, Wait::Counted), Some(11));
-        assert_eq!(s.answered(100, Wait::Prefill), Some(11));
-        assert_eq!(s.waiting(), 0);
-        // A finished request forgets all its waits.
-        for kind in Wait::ALL {
-            wait_for(&s, 200, kind, 12, at(50));
-        }
-        s.forget(200);
-        assert_eq!(s.waiting(), 0);
-        // A request that gives up one wait keeps the other.
-        for kind in [Wait::Answer, Wait::Counted] {
-            wait_for(&s, 300, kind, 13, at(50));
-        }
-        s.forget_wait(300, Wait::Answer);
-        assert_eq!(s.answered(300, Wait::Answer), None);
-        assert_eq!(s.answered(300, Wait::Counted), Some(13));
-    }
-
-    #[test]
-    fn a_broken_stream_ends_every_question_and_backs_off() {
-        let s = Session::new(1);
-        up(&s, 7);
-        wait(&s, 100, 11, at(500));
-        wait(&s, 200, 12, at(500));
-        assert!(s.closed(3, at(10)).is_empty(), "not our stream");
-        let mut ended = s.closed(7, at(10));
-        ended.sort();
-        assert_eq!(ended, [(11, Wait::Answer), (12, Wait::Answer)]);
-        assert!(!s.due(at(10 + 99)));
-        assert!(s.due(at(10 + 100)));
-        // Failing again waits longer, up to the cap.
-        s.opened(8);
-        s.closed(8, at(200));
-        assert!(!s.due(at(200 + 199)) && s.due(at(200 + 200)));
-        for t in 9..20 {
-            s.opened(t);
-            s.closed(t, at(10_000));
-        }
-        assert!(s.due(at(10_000) + MAX_BACKOFF));
-    }
-
-    #[test]
-    fn late_questions_expire_and_are_forgotten() {
-        let s = Session::new(1);
-        up(&s, 7);
-        wait(&s, 100, 11, at(50));
-        wait(&s, 200, 12, at(80));
-        assert_eq!(s.expired(at(60)), [(11, Wait::Answer)]);
-        assert_eq!(
-            s.answered(100, Wait::Answer),
-            None,
-            "an expired question gets no answer"
-        );
-        s.forget(200);
-        assert!(s.expired(at(1_000)).is_empty());
     }
 }
+
+#[cfg(test)]
+mod tests;

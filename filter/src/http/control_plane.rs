@@ -127,15 +127,18 @@ impl Request {
         // The question may be as large as the body: it is gone (moved into
         // the message, dropped with it) before we wait.
         let mut request = RouteRequest::from(question);
-        if self.shared.session.is_up() && request.body.len() <= MAX_QUESTION_BYTES {
+        let now = self.get_current_time();
+        if self.shared.session.takes_questions(now) && request.body.len() <= MAX_QUESTION_BYTES {
             let ticket = request.ticket;
             let up = SessionUp {
                 kind: Some(Kind::Route(request)),
                 ack_end: false,
             };
-            let deadline = self.get_current_time() + self.route_timeout();
+            let deadline = now + self.route_timeout();
             let session = &self.shared.session;
-            if session.ask(self.context_id, ticket, &up.encode_to_vec(), deadline) {
+            // Kept by the session until answered, to send again if the
+            // stream breaks first.
+            if session.ask(self.context_id, ticket, up.encode_to_vec(), now, deadline) {
                 self.hold(Hold::Request, self.route_timeout());
                 return Flow::Wait;
             }

@@ -1,0 +1,250 @@
+//! The session's state machine, driven without a host: streams opened,
+//! confirmed, broken; questions asked, sent again, ended.
+use super::*;
+
+impl Session {
+    /// A session whose sends always succeed, without a host (the
+    /// host's calls do not link outside Envoy).
+    fn fake(root: u32) -> Self {
+        Session::with_sender(root, |_, _, _, _| true)
+    }
+}
+
+/// `ms` after the tests' start, which is ten seconds after the
+/// streams of `up` came up.
+fn at(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(10) + Duration::from_millis(ms)
+}
+
+/// Opens and confirms stream `token`, up since long before `at(0)`.
+fn up(s: &Session, token: u32) {
+    s.opened(token);
+    s.confirmed(token, SystemTime::UNIX_EPOCH);
+}
+
+/// Confirms stream `token` and flushes it, returning the messages sent
+/// on it.
+fn confirm(s: &Session, token: u32) -> Vec<Vec<u8>> {
+    s.confirmed(token, SystemTime::UNIX_EPOCH);
+    flush(s, token)
+}
+
+/// Flushes `s`, expecting stream `token`; the messages sent.
+fn flush(s: &Session, token: u32) -> Vec<Vec<u8>> {
+    let mut sent = Vec::new();
+    s.flush(|t, m| {
+        assert_eq!(t, token);
+        sent.push(m.to_vec());
+        true
+    });
+    sent
+}
+
+/// `context` waits on `s` for the answer to `ticket`'s question.
+fn wait(s: &Session, ticket: u64, context: u32, deadline: SystemTime) {
+    wait_for(s, ticket, Wait::Answer, context, deadline);
+}
+
+/// `context` waits on `s` for `kind` of `ticket`.
+fn wait_for(s: &Session, ticket: u64, kind: Wait, context: u32, deadline: SystemTime) {
+    s.0.borrow_mut().waiting.insert(
+        (ticket, kind),
+        deadline,
+        Waiter {
+            context,
+            resend: Resend::Never,
+        },
+    );
+}
+
+#[test]
+fn questions_wait_only_on_a_confirmed_stream() {
+    let s = Session::fake(1);
+    assert!(s.due(at(0)));
+    s.opened(7);
+    assert!(!s.is_up() && !s.due(at(0)));
+    s.confirmed(8, at(0)); // another stream's answer
+    assert!(!s.is_up());
+    s.confirmed(7, at(0));
+    assert!(s.is_up());
+}
+
+#[test]
+fn each_answer_goes_to_the_context_that_asked_once() {
+    let s = Session::fake(1);
+    up(&s, 7);
+    wait(&s, 100, 11, at(50));
+    wait(&s, 200, 12, at(50));
+    assert_eq!(
+        s.answered(200, Wait::Counted),
+        None,
+        "not what it waits for"
+    );
+    assert_eq!(s.answered(200, Wait::Answer), Some(12));
+    assert_eq!(s.answered(200, Wait::Answer), None);
+    assert_eq!(s.answered(100, Wait::Answer), Some(11));
+    assert_eq!(s.waiting(), 0);
+}
+
+#[test]
+fn a_prefill_wait_and_an_end_wait_of_one_request_both_get_their_answer() {
+    let s = Session::fake(1);
+    up(&s, 7);
+    for kind in [Wait::Prefill, Wait::Counted] {
+        wait_for(&s, 100, kind, 11, at(50));
+    }
+    // The end's acknowledgement first, then the prefill's outcome: the
+    // second wait was not lost to the first.
+    assert_eq!(s.answered(100, Wait::Counted), Some(11));
+    assert_eq!(s.answered(100, Wait::Prefill), Some(11));
+    assert_eq!(s.waiting(), 0);
+    // A finished request forgets all its waits.
+    for kind in Wait::ALL {
+        wait_for(&s, 200, kind, 12, at(50));
+    }
+    s.forget(200);
+    assert_eq!(s.waiting(), 0);
+    // A request that gives up one wait keeps the other.
+    for kind in [Wait::Answer, Wait::Counted] {
+        wait_for(&s, 300, kind, 13, at(50));
+    }
+    s.forget_wait(300, Wait::Answer);
+    assert_eq!(s.answered(300, Wait::Answer), None);
+    assert_eq!(s.answered(300, Wait::Counted), Some(13));
+}
+
+#[test]
+fn a_broken_stream_ends_the_waits_it_held_and_is_reopened_at_once() {
+    let s = Session::fake(1);
+    up(&s, 7);
+    wait_for(&s, 100, Wait::Prefill, 11, at(500));
+    wait_for(&s, 200, Wait::Counted, 12, at(500));
+    assert!(s.closed(3, at(10)).is_empty(), "not our stream");
+    let mut ended = s.closed(7, at(10));
+    ended.sort();
+    assert_eq!(ended, [(11, Wait::Prefill), (12, Wait::Counted)]);
+    assert!(s.due(at(10)), "a stream that was up is reopened at once");
+    // That try may reach the dead replica: once more at once, then the
+    // backoff, doubling up to the cap.
+    s.opened(8);
+    s.closed(8, at(20));
+    assert!(s.due(at(20)));
+    s.opened(9);
+    s.closed(9, at(30));
+    assert!(!s.due(at(30 + 99)) && s.due(at(30 + 100)));
+    s.opened(10);
+    s.closed(10, at(200));
+    assert!(!s.due(at(200 + 199)) && s.due(at(200 + 200)));
+    for t in 11..30 {
+        s.opened(t);
+        s.closed(t, at(10_000));
+    }
+    assert!(!s.due(at(10_000) + MAX_BACKOFF - Duration::from_millis(1)));
+    assert!(s.due(at(10_000) + MAX_BACKOFF));
+}
+
+#[test]
+fn a_stream_that_breaks_soon_after_coming_up_keeps_backing_off() {
+    let s = Session::fake(1);
+    s.opened(7);
+    s.closed(7, at(0));
+    s.opened(8);
+    s.closed(8, at(100));
+    // The next is due at 100 + 200: it comes up, and breaks at once.
+    s.opened(9);
+    s.confirmed(9, at(300));
+    s.closed(9, at(310));
+    assert!(!s.due(at(310 + 399)), "not reopened at once");
+    assert!(s.due(at(310 + 400)));
+}
+
+#[test]
+fn a_question_on_a_broken_stream_goes_once_more_on_the_next_one() {
+    let s = Session::fake(1);
+    s.opened(7);
+    assert!(s.takes_questions(at(0)) && !s.is_up());
+    // Asked while the stream opens: sent when it is up.
+    assert!(s.ask(11, 100, b"q100".to_vec(), at(0), at(500)));
+    assert_eq!(confirm(&s, 7), [b"q100".to_vec()]);
+    // Its replica dies: the question waits for the next stream.
+    assert!(s.closed(7, at(10)).is_empty());
+    assert_eq!(s.waiting(), 1);
+    s.opened(8);
+    // That one reached the dead replica too: still waiting.
+    assert!(s.closed(8, at(11)).is_empty());
+    s.opened(9);
+    assert_eq!(confirm(&s, 9), [b"q100".to_vec()], "sent again");
+    assert_eq!(flush(&s, 9), Vec::<Vec<u8>>::new(), "only once");
+    // A second break: it was sent twice, it is not kept a third time
+    // (a question that kills control planes kills one more at most).
+    assert_eq!(s.closed(9, at(20)), [(11, Wait::Answer)]);
+    assert_eq!(s.waiting(), 0);
+}
+
+#[test]
+fn questions_wait_for_the_quick_reopenings_only() {
+    let s = Session::fake(1);
+    up(&s, 7);
+    s.closed(7, at(0));
+    // Due again: a question waits for the stream about to open.
+    assert!(s.ask(11, 100, b"q100".to_vec(), at(5), at(500)));
+    s.opened(8);
+    assert!(
+        s.closed(8, at(10)).is_empty(),
+        "the second quick try is left"
+    );
+    assert!(s.ask(12, 200, b"q200".to_vec(), at(15), at(500)));
+    s.opened(9);
+    // Both quick tries failed: every control plane may be down. The
+    // questions fall back now, not at their deadline, and new ones
+    // call until the stream is due again.
+    let mut over = s.closed(9, at(20));
+    over.sort();
+    assert_eq!(over, [(11, Wait::Answer), (12, Wait::Answer)]);
+    assert!(!s.takes_questions(at(21)));
+    assert!(!s.ask(13, 300, b"q300".to_vec(), at(21), at(500)));
+    assert!(s.due(at(20 + 100)));
+    assert!(
+        !s.takes_questions(at(20 + 100)),
+        "while every control plane may be down, questions call"
+    );
+    // As in a fresh VM, whose first stream opens on its next tick
+    // (however far off that is).
+    assert!(!Session::fake(1).takes_questions(at(0)));
+}
+
+#[test]
+fn a_question_answered_or_expired_while_waiting_for_a_stream_is_not_sent() {
+    let s = Session::fake(1);
+    s.opened(7);
+    assert!(s.ask(11, 100, b"q100".to_vec(), at(0), at(50)));
+    assert!(s.ask(12, 200, b"q200".to_vec(), at(0), at(500)));
+    assert!(s.ask(13, 300, b"q300".to_vec(), at(0), at(500)));
+    s.forget(300);
+    assert_eq!(s.expired(at(60)), [(11, Wait::Answer)]);
+    // Nothing goes out before the stream is up.
+    assert_eq!(flush(&s, 7), Vec::<Vec<u8>>::new());
+    // A send that fails leaves the question queued for the next stream.
+    s.confirmed(7, SystemTime::UNIX_EPOCH);
+    s.flush(|_, _| false);
+    s.closed(7, at(70));
+    s.opened(8);
+    assert_eq!(confirm(&s, 8), [b"q200".to_vec()]);
+    assert_eq!(s.answered(200, Wait::Answer), Some(12));
+}
+
+#[test]
+fn late_questions_expire_and_are_forgotten() {
+    let s = Session::fake(1);
+    up(&s, 7);
+    wait(&s, 100, 11, at(50));
+    wait(&s, 200, 12, at(80));
+    assert_eq!(s.expired(at(60)), [(11, Wait::Answer)]);
+    assert_eq!(
+        s.answered(100, Wait::Answer),
+        None,
+        "an expired question gets no answer"
+    );
+    s.forget(200);
+    assert!(s.expired(at(1_000)).is_empty());
+}
