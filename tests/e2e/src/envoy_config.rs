@@ -110,7 +110,36 @@ pub(crate) fn render_template(
         let text = std::fs::read_to_string(config_path)?;
         std::fs::write(config_path, crate::gateway::picker::config(&text, shape)?)?;
     }
+    if !opts.more_control_planes.is_empty() {
+        let text = std::fs::read_to_string(config_path)?;
+        let config = with_more_control_planes(&text, &opts.more_control_planes)?;
+        std::fs::write(config_path, config)?;
+    }
     Ok(())
+}
+
+/// `config` with the loopback gRPC `ports` of more control planes added to
+/// its cluster `sglang_control_plane`, as a DNS name with several
+/// addresses would add them.
+fn with_more_control_planes(config: &str, ports: &[u16]) -> anyhow::Result<String> {
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(config)?;
+    let clusters = doc["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .context("no clusters")?;
+    let cluster = clusters
+        .iter_mut()
+        .find(|c| c["name"] == "sglang_control_plane")
+        .context("no sglang_control_plane cluster")?;
+    let endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        .as_sequence_mut()
+        .context("no lb_endpoints in sglang_control_plane")?;
+    for port in ports {
+        let endpoint = format!(
+            "endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"
+        );
+        endpoints.push(serde_yaml::from_str(&endpoint)?);
+    }
+    Ok(serde_yaml::to_string(&doc)?)
 }
 
 /// `CORS_ALLOWED_ORIGINS` from the control plane's `--cors-allowed-origins`,

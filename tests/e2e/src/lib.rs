@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod kv_events;
 pub mod manifests;
 mod process;
+pub mod redis;
 mod sim_worker;
 mod stack;
 mod tls;

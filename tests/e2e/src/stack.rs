@@ -74,6 +74,13 @@ pub struct StackOptions {
     /// Run through the picker setup of this gateway shape, whatever
     /// `SGLANG_ENVOY_FRONT_DOOR` says (`None`: as it says).
     pub picker: Option<crate::gateway::picker::Shape>,
+    /// The control plane's gRPC port (`None`: a free one), for a test
+    /// whose other stacks' Envoys reach it too.
+    pub cp_grpc_port: Option<u16>,
+    /// gRPC ports of more control planes on this host: Envoy's cluster
+    /// `sglang_control_plane` lists them after this stack's own, as it
+    /// would list a DNS name's several addresses.
+    pub more_control_planes: Vec<u16>,
 }
 
 /// A PD fleet of simulated workers.
@@ -146,6 +153,8 @@ impl Default for StackOptions {
             cp_env: Vec::new(),
             envoy_concurrency: 1,
             picker: None,
+            cp_grpc_port: None,
+            more_control_planes: Vec::new(),
         }
     }
 }
@@ -304,7 +313,7 @@ impl Stack {
             }
         }
 
-        let (admin_port, grpc_port) = (free_port(), free_port());
+        let (admin_port, grpc_port) = (free_port(), opts.cp_grpc_port.unwrap_or_else(free_port));
         let mut args = vec![
             "--admin-port".to_string(),
             admin_port.to_string(),

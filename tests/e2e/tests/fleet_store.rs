@@ -4,64 +4,12 @@
 //! back with the list as it stands, and the store's outage fails no
 //! request.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sglang_envoy_e2e::{free_port, fresh_dir, wait_until, Proc, SimWorker, Stack, StackOptions};
+use sglang_envoy_e2e::{free_port, fresh_dir, redis, wait_until, SimWorker, Stack, StackOptions};
 
 const GEN: &str = r#"{"text":"hello","sampling_params":{"max_new_tokens":1}}"#;
-
-/// Debian's `redis-server`, on its own port, keeping nothing on disk (a
-/// restart comes back empty, as a Redis without persistence does).
-fn start_redis(dir: &Path, port: u16, start: usize) -> Proc {
-    let args: Vec<String> = [
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    .map(String::from)
-    .to_vec();
-    Proc::spawn(
-        &format!("redis-{start}"),
-        Path::new("redis-server"),
-        &args,
-        dir,
-    )
-    .expect("redis-server starts")
-}
-
-async fn redis_answers(port: u16) -> bool {
-    wait_until(Duration::from_secs(10), || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-    })
-    .await
-}
-
-/// Whether `redis-server` is missing here (then the test is skipped,
-/// except in CI, where scripts/test.sh installs it).
-fn no_redis() -> bool {
-    let there = Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !there {
-        assert!(
-            std::env::var("CI").is_err(),
-            "redis-server is missing (scripts/test.sh installs Debian's)"
-        );
-        eprintln!("skipped: no redis-server here");
-    }
-    !there
-}
 
 /// Whether `/workers` at `stack` lists `url` at all.
 async fn lists(stack: &Stack, url: &str) -> bool {
@@ -91,13 +39,13 @@ async fn all_served(stack: &Stack, n: usize, what: &str) {
 
 #[tokio::test]
 async fn workers_changed_through_one_control_plane_reach_the_other() {
-    if no_redis() {
+    if redis::missing() {
         return;
     }
     let dir = fresh_dir(&format!("fleet-store-{}", std::process::id())).unwrap();
     let port = free_port();
-    let mut redis = start_redis(&dir, port, 0);
-    assert!(redis_answers(port).await, "redis never answered");
+    let mut redis = redis::start(&dir, port, 0);
+    assert!(redis::answers(port).await, "redis never answered");
     let store = vec![
         "--fleet-store-url".to_string(),
         format!("redis://127.0.0.1:{port}"),
@@ -218,8 +166,8 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
         lists(&second, &late.url).await,
         "with the store down, the second cannot have heard of the removal"
     );
-    let _redis = start_redis(&dir, port, 1);
-    assert!(redis_answers(port).await, "redis never came back");
+    let _redis = redis::start(&dir, port, 1);
+    assert!(redis::answers(port).await, "redis never came back");
     let caught_up = wait_until(Duration::from_secs(3), || async {
         !lists(&second, &late.url).await
     })

@@ -594,14 +594,17 @@ pub fn bootstrap(env: &EnvoyEnv, variant: Variant) -> anyhow::Result<String> {
         .iter()
         .map(|c| text(&c["name"]))
         .collect();
-    let (cp, workers) = (
+    // The ext_proc cluster comes from the ClusterIP Service, the wasm
+    // variant's sglang_control_plane resolves the headless one.
+    let (cp, cp_headless, workers) = (
         service_address("sglang-control-plane", "grpc"),
+        service_address("sglang-control-plane-headless", "grpc"),
         service_address("sglang-workers", "http"),
     );
     for name in names {
         let c = cluster_mut(&mut b, &name);
         let named = only_endpoint(c);
-        let addresses = if named == cp {
+        let addresses = if named == cp || named == cp_headless {
             vec![format!("127.0.0.1:{}", env.cp_grpc_port)]
         } else if named == workers {
             env.workers.clone()

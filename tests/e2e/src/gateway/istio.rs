@@ -79,7 +79,7 @@ pub fn bootstrap(env: &EnvoyEnv, other_port: u16) -> anyhow::Result<String> {
     for (cluster, service, port, addresses) in [
         (
             "sglang_control_plane",
-            "sglang-control-plane",
+            "sglang-control-plane-headless",
             "grpc",
             vec![format!("127.0.0.1:{}", env.cp_grpc_port)],
         ),
