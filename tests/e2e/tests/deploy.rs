@@ -454,21 +454,23 @@ fn compose_runs_the_quickstart_configuration() {
     }
 }
 
+/// The compose profiles a service belongs to (none: it always runs).
+fn profiles(svc: &Value) -> Vec<String> {
+    svc["profiles"]
+        .as_sequence()
+        .map(|p| p.iter().map(s).collect())
+        .unwrap_or_default()
+}
+
 #[test]
 fn compose_demo_profile_mirrors_the_quickstart_workers() {
     let qs = quickstart();
     let c = compose();
     let services = c["services"].as_mapping().unwrap();
-    let profile = |svc: &Value| -> Vec<String> {
-        svc["profiles"]
-            .as_sequence()
-            .map(|p| p.iter().map(s).collect())
-            .unwrap_or_default()
-    };
     // Without the profile: the filter, the control plane and Envoy only.
     let default: BTreeSet<String> = services
         .iter()
-        .filter(|(_, v)| profile(v).is_empty())
+        .filter(|(_, v)| profiles(v).is_empty())
         .map(|(k, _)| s(k))
         .collect();
     assert_eq!(
@@ -480,7 +482,7 @@ fn compose_demo_profile_mirrors_the_quickstart_workers() {
         .iter()
         .filter(|(_, v)| v["build"]["target"].as_str() == Some("sim-worker"))
         .map(|(k, v)| {
-            assert_eq!(profile(v), ["demo"], "{k:?}");
+            assert_eq!(profiles(v), ["demo"], "{k:?}");
             let args = strings(&v["command"]);
             let f = flags(&args);
             assert_eq!(f["--host"], "0.0.0.0");
@@ -496,7 +498,7 @@ fn compose_demo_profile_mirrors_the_quickstart_workers() {
     let register = services
         .iter()
         .find(|(_, v)| {
-            profile(v) == ["demo"] && v["build"]["target"].as_str() != Some("sim-worker")
+            profiles(v) == ["demo"] && v["build"]["target"].as_str() != Some("sim-worker")
         })
         .map(|(_, v)| v)
         .expect("a demo registration service");
@@ -544,15 +546,9 @@ fn ha_fleet_store_flags() -> String {
 fn compose_ha_profile_runs_two_control_planes_under_one_name() {
     let c = compose();
     let services = c["services"].as_mapping().unwrap();
-    let profile = |svc: &Value| -> Vec<String> {
-        svc["profiles"]
-            .as_sequence()
-            .map(|p| p.iter().map(s).collect())
-            .unwrap_or_default()
-    };
     let in_ha: BTreeSet<String> = services
         .iter()
-        .filter(|(_, v)| profile(v).contains(&"ha".to_string()))
+        .filter(|(_, v)| profiles(v).contains(&"ha".to_string()))
         .map(|(k, _)| s(k))
         .collect();
     assert_eq!(
@@ -584,7 +580,7 @@ fn compose_ha_profile_runs_two_control_planes_under_one_name() {
     let running = |with_ha: bool| -> Vec<String> {
         services
             .iter()
-            .filter(|(_, v)| profile(v).is_empty() || (with_ha && profile(v) == ["ha"]))
+            .filter(|(_, v)| profiles(v).is_empty() || (with_ha && profiles(v) == ["ha"]))
             .map(|(k, _)| s(k))
             .collect()
     };
@@ -607,7 +603,11 @@ fn compose_ha_profile_runs_two_control_planes_under_one_name() {
         .and_then(|a| a.split_once(':'))
         .unwrap_or_else(|| panic!("{url}: redis://host:port"));
     let redis = &c["services"][store];
-    assert_eq!(profile(redis), ["ha"], "{store} runs with the profile only");
+    assert_eq!(
+        profiles(redis),
+        ["ha"],
+        "{store} runs with the profile only"
+    );
     let image = s(&redis["image"]);
     assert!(
         (image.starts_with("redis:") || image.starts_with("valkey/valkey:")) && port == "6379",
