@@ -56,11 +56,6 @@ impl<K: Copy + Ord + Hash, V> Deadlines<K, V> {
             .map(|(key, (_, value))| (key, value))
     }
 
-    /// Every value, to change it (not its deadline).
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
-        self.entries.values_mut().map(|(_, value)| value)
-    }
-
     /// Removes and returns the entries due before `now`, earliest first.
     pub fn expired(&mut self, now: SystemTime) -> Vec<(K, V)> {
         let mut due = Vec::new();
@@ -74,15 +69,6 @@ impl<K: Copy + Ord + Hash, V> Deadlines<K, V> {
             }
         }
         due
-    }
-
-    /// Removes and returns every entry.
-    pub fn drain(&mut self) -> Vec<(K, V)> {
-        self.order.clear();
-        self.entries
-            .drain()
-            .map(|(key, (_, value))| (key, value))
-            .collect()
     }
 
     /// How many entries there are.
@@ -131,18 +117,6 @@ mod tests {
         d.insert(1, at(500), 'b');
         assert!(d.expired(at(400)).is_empty(), "the old deadline is gone");
         assert_eq!(d.expired(at(501)), [(1, 'b')]);
-        assert!(d.is_empty());
-    }
-
-    #[test]
-    fn drain_takes_everything_and_leaves_nothing_due() {
-        let mut d = Deadlines::default();
-        d.insert(1u32, at(100), ());
-        d.insert(2, at(200), ());
-        let mut all: Vec<u32> = d.drain().into_iter().map(|(k, ())| k).collect();
-        all.sort();
-        assert_eq!(all, [1, 2]);
-        assert!(d.expired(at(1_000)).is_empty());
         assert!(d.is_empty());
     }
 }

@@ -14,9 +14,10 @@
 //!
 //! Several control planes may stand behind the cluster (issue 28). When the
 //! stream breaks (its replica died), the root opens the next one on its
-//! next tick (20 ms) and the questions that were on the broken stream wait for it: they are
-//! sent again, once, as soon as a control plane answers the new stream's
-//! opening, so they reach a live replica without waiting for a deadline.
+//! next tick (20 ms), and the questions that were on the broken stream wait
+//! for it: they are sent again, once, on the tick after a control plane
+//! answers its opening, so they reach a live replica without waiting for a
+//! deadline.
 //! Questions asked while a stream is opening wait for it the same way
 //! rather than take calls of their own: a request's question and its end
 //! then travel on one stream, to the one replica that counted its load.
@@ -57,8 +58,8 @@ enum Link {
         backoff: Duration,
         questions_wait: bool,
     },
-    /// Opened; the control plane has not answered its opening yet, so
-    /// questions still take calls of their own.
+    /// Opened; the control plane has not answered its opening yet:
+    /// questions wait for it.
     Opening { token: u32, backoff: Duration },
     /// The control plane answered (at `since`): questions and ends go on
     /// it. `backoff` is the opening's, for a stream that breaks too soon.
@@ -334,7 +335,7 @@ impl Session {
         let Link::Up { token, .. } = inner.link else {
             return;
         };
-        for waiter in inner.waiting.values_mut() {
+        for (_, waiter) in inner.waiting.iter_mut() {
             let Resend::Queued { message, again } = &mut waiter.resend else {
                 continue;
             };
@@ -398,9 +399,13 @@ impl Session {
                 questions_wait: backoff.is_zero(),
             },
         };
+        // Questions wait only for the quick tries, which are due now.
         let retry_now = matches!(
             inner.link,
-            Link::Down { retry_at, questions_wait: true, .. } if retry_at <= now
+            Link::Down {
+                questions_wait: true,
+                ..
+            }
         );
         let mut over = Vec::new();
         for ((ticket, wait), waiter) in inner.waiting.iter_mut() {

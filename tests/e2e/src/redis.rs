@@ -32,6 +32,17 @@ pub fn start(dir: &Path, port: u16, start: usize) -> Proc {
     .expect("redis-server starts")
 }
 
+/// The control plane's flags for the Redis on `port` as its fleet store,
+/// its keys under `prefix`.
+pub fn fleet_store_flags(port: u16, prefix: &str) -> Vec<String> {
+    vec![
+        "--fleet-store-url".to_string(),
+        format!("redis://127.0.0.1:{port}"),
+        "--fleet-store-key-prefix".into(),
+        prefix.to_string(),
+    ]
+}
+
 /// Whether the Redis on `port` takes connections within 10 s.
 pub async fn answers(port: u16) -> bool {
     wait_until(Duration::from_secs(10), || async {

@@ -364,7 +364,7 @@ fn compose_runs_the_quickstart_configuration() {
                 // plane carries too.
                 let default_services: Vec<String> = services
                     .iter()
-                    .filter(|(_, v)| v["profiles"].is_null())
+                    .filter(|(_, v)| profiles(v).is_empty())
                     .map(|(k, _)| s(k))
                     .collect();
                 assert_eq!(

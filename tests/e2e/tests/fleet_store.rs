@@ -46,12 +46,7 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
     let port = free_port();
     let mut redis = redis::start(&dir, port, 0);
     assert!(redis::answers(port).await, "redis never answered");
-    let store = vec![
-        "--fleet-store-url".to_string(),
-        format!("redis://127.0.0.1:{port}"),
-        "--fleet-store-key-prefix".into(),
-        format!("e2e-{}", std::process::id()),
-    ];
+    let store = redis::fleet_store_flags(port, &format!("e2e-{}", std::process::id()));
     let first = Stack::start(StackOptions {
         workers: 2,
         policy: "round_robin".into(),

@@ -106,12 +106,8 @@ async fn three_control_planes_lose_one_and_no_request_notices() {
     let redis_port = free_port();
     let mut store = redis::start(&dir, redis_port, 0);
     assert!(redis::answers(redis_port).await, "redis never answered");
-    let store_args = vec![
-        "--fleet-store-url".to_string(),
-        format!("redis://127.0.0.1:{redis_port}"),
-        "--fleet-store-key-prefix".into(),
-        format!("replicas-{}", std::process::id()),
-    ];
+    let store_args =
+        redis::fleet_store_flags(redis_port, &format!("replicas-{}", std::process::id()));
     let grpc = [free_port(), free_port(), free_port()];
     // Each Envoy's cluster lists every control plane, its own first (the
     // order a DNS name's addresses come in does not matter).
