@@ -29,6 +29,7 @@ use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::fleet_store::FleetStore;
 use sglang_envoy_control_plane::kv_events::KvEvents;
 use sglang_envoy_control_plane::metrics::Metrics;
+use sglang_envoy_control_plane::shared_tree::{shared_tree, TreeSync};
 use sglang_envoy_control_plane::workers::persist::StoredWorker;
 use sglang_envoy_control_plane::workers::{
     worker_client, AddressPolicy, HealthChecker, LoadMonitor, Registry, WorkerAddress,
@@ -71,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     }
-    let plane = ControlPlane::build(&args)?;
+    let mut plane = ControlPlane::build(&args)?;
     // Probes every server as soon as it is registered, then on its schedule.
     tokio::spawn(plane.health.clone().run());
     startup::register_initial_workers(&args, &plane.enrollment, &plane.health).await?;
@@ -90,6 +91,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(kv) = &plane.kv_events {
         tokio::spawn(kv.clone().run(plane.engine.registry().clone()));
+    }
+    if let Some(sync) = plane.tree_sync.take() {
+        tokio::spawn(sync.run(plane.engine.clone()));
     }
     if let Some(store) = &plane.fleet_store {
         // After the initial workers: they are offered to the store.
@@ -159,6 +163,9 @@ struct ControlPlane {
     kv_events: Option<Arc<KvEvents>>,
     /// The worker list shared with other control planes.
     fleet_store: Option<Arc<FleetStore>>,
+    /// The trees' inserts shared with other control planes (taken when
+    /// its task starts).
+    tree_sync: Option<TreeSync>,
 }
 
 impl ControlPlane {
@@ -239,6 +246,15 @@ impl ControlPlane {
             (None, Some(_)) => warn!("--tokenizer-path is unused with --disable-kv-events"),
             _ => {}
         }
+        let tree_sync = match &args.fleet_store.fleet_store_url {
+            Some(url) if !args.fleet_store.disable_shared_tree => {
+                let prefix = &args.fleet_store.fleet_store_key_prefix;
+                let (outbox, sync) = shared_tree(url, prefix).context("--fleet-store-url")?;
+                engine = engine.with_shared_tree(outbox);
+                Some(sync)
+            }
+            _ => None,
+        };
         let engine = Arc::new(engine);
         let enrollment = Enrollment::new(engine.clone(), startup::startup_timeout(args));
         info!(
@@ -267,6 +283,7 @@ impl ControlPlane {
             worker_client,
             kv_events,
             fleet_store,
+            tree_sync,
         })
     }
 

@@ -17,4 +17,10 @@ pub struct FleetStoreFlags {
     /// prefix share one worker list.
     #[arg(long, value_name = "PREFIX", default_value = "sglang-envoy")]
     pub fleet_store_key_prefix: String,
+    /// Keep each control plane's approximate radix trees to its own
+    /// choices: by default, with a fleet store, each one's tree inserts are
+    /// shared with the others (a bounded Redis stream), so a prompt family
+    /// routed through one replica is known to all.
+    #[arg(long)]
+    pub disable_shared_tree: bool,
 }

@@ -216,6 +216,7 @@ impl Engine {
         input.exact = exact.as_ref().map(|m| m.bytes.as_slice());
         let selection = self.policies.regular.select(&serving, &input);
         let worker = serving.get(selection.index).ok_or_else(no_unit)?;
+        self.share(&*self.policies.regular, worker, input.text);
         if let (Some(cache), Some(m)) = (&self.exact, &exact) {
             cache.note_routed(worker, m);
         }
@@ -283,6 +284,8 @@ impl Engine {
         let (Some(prefill), Some(decode)) = (prefills.get(p.index), decodes.get(d.index)) else {
             return Err(no_unit());
         };
+        self.share(&*self.policies.prefill, prefill, input.text);
+        self.share(&*self.policies.decode, decode, input.text);
         if let (Some(cache), Some(m)) = (&self.exact, &exact) {
             cache.note_routed(prefill, m);
         }

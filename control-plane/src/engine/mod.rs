@@ -16,7 +16,9 @@ use sglang_envoy_proto::{
 use crate::admission::{AdmissionOptions, Gate};
 use crate::metrics::Metrics;
 use crate::pd::{self, PrefillDispatcher, RidSource};
+use crate::policy::Policy;
 use crate::retry::{self, RetryOptions};
+use crate::shared_tree::TreeOutbox;
 use crate::tickets::Tickets;
 use crate::workers::{
     AddressError, AddressPolicy, HealthChecker, Registry, RegistryError, Role, Worker,
@@ -131,6 +133,9 @@ pub struct Engine {
     /// Exact cached prefixes from KV events (with a tokenizer); `None`:
     /// the policies' trees alone.
     exact: Option<exact::ExactCache>,
+    /// Where the trees' inserts go for the other control planes
+    /// (`--fleet-store-url`); `None`: not shared.
+    shared_tree: Option<TreeOutbox>,
 }
 
 impl Engine {
@@ -159,6 +164,39 @@ impl Engine {
             gate,
             health: None,
             exact: None,
+            shared_tree: None,
+        }
+    }
+
+    /// This engine, telling the other control planes each insert into its
+    /// policies' trees through `outbox`.
+    pub fn with_shared_tree(mut self, outbox: TreeOutbox) -> Self {
+        self.shared_tree = Some(outbox);
+        self
+    }
+
+    /// Another control plane sent `text` to the unit named `unit`: its
+    /// role's policy records it (if it keeps a tree). `false` when no such
+    /// unit is registered here.
+    pub fn learn_shared(&self, unit: &str, text: &[u8]) -> bool {
+        let Some(worker) = self.registry.get(unit) else {
+            return false;
+        };
+        self.policies.of(worker.role()).learn(&worker, text);
+        true
+    }
+
+    /// Tells the other control planes that `policy` just recorded `text`
+    /// as sent to `unit` (when its trees are shared and it keeps one).
+    fn share(&self, policy: &dyn Policy, unit: &Worker, text: &[u8]) {
+        let Some(outbox) = &self.shared_tree else {
+            return;
+        };
+        if text.is_empty() || !policy.keeps_tree() {
+            return;
+        }
+        if !outbox.record(&unit.url, text) {
+            self.metrics.shared_tree("dropped", 1);
         }
     }
 

@@ -270,3 +270,101 @@ async fn three_control_planes_lose_one_and_no_request_notices() {
         }
     }
 }
+
+/// The index of the one worker of `workers` whose served count rose from
+/// `before` (`None`: none or several did).
+async fn which_served(workers: &[SimWorker], before: &[u64]) -> Option<usize> {
+    let mut rose = Vec::new();
+    for (i, w) in workers.iter().enumerate() {
+        if w.served().await > before[i] {
+            rose.push(i);
+        }
+    }
+    (rose.len() == 1).then(|| rose[0])
+}
+
+/// Sends family `family`'s turn `turn` through `via`; the index of the
+/// worker of `workers` that served it.
+async fn route_one(via: &Stack, workers: &[SimWorker], family: usize, turn: usize) -> usize {
+    let mut before = Vec::with_capacity(workers.len());
+    for w in workers {
+        before.push(w.served().await);
+    }
+    let r = via.post("/generate", &body(family, turn)).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    which_served(workers, &before)
+        .await
+        .expect("exactly one worker serves each request")
+}
+
+/// The approximate trees are shared through the store: a prompt family
+/// routed through one control plane goes to the same worker when its next
+/// turn comes through another one, which never routed it itself. Each
+/// Envoy reaches only its own control plane, so which one decides is
+/// known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prompt_routed_through_one_control_plane_is_known_to_the_others() {
+    if redis::missing() {
+        return;
+    }
+    if FrontDoor::current() == FrontDoor::Picker {
+        eprintln!("skipped: the picker pass runs one control plane per gateway");
+        return;
+    }
+    let dir = fresh_dir(&format!("shared-tree-{}", std::process::id())).unwrap();
+    let redis_port = free_port();
+    let mut store = redis::start(&dir, redis_port, 0);
+    assert!(redis::answers(redis_port).await, "redis never answered");
+    let store_args =
+        redis::fleet_store_flags(redis_port, &format!("shared-tree-{}", std::process::id()));
+    let options = |workers: usize| StackOptions {
+        workers,
+        cp_args: store_args.clone(),
+        ..Default::default()
+    };
+    let first = Stack::start(options(4)).await.unwrap();
+    let second = Stack::start(options(0)).await.unwrap();
+    for w in &first.workers {
+        assert!(
+            second
+                .wait_marked(&w.url, true, Duration::from_secs(5))
+                .await,
+            "the second control plane never took {} from the store",
+            w.url
+        );
+    }
+    const SHARED: usize = 8;
+    let mut homes = Vec::with_capacity(SHARED);
+    for family in 0..SHARED {
+        homes.push(route_one(&first, &first.workers, family, 0).await);
+    }
+    let mut used = homes.clone();
+    used.sort_unstable();
+    used.dedup();
+    assert!(
+        used.len() >= 3,
+        "new families spread over the workers: {homes:?}"
+    );
+    let received = r#"sgl_router_shared_tree_inserts_total{direction="received"}"#;
+    let started = Instant::now();
+    while second.metric(received).await < SHARED as f64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the second control plane learned {} of {SHARED} inserts in 2 s",
+            second.metric(received).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "the other control plane learned {SHARED} inserts in {} ms",
+        started.elapsed().as_millis()
+    );
+    for (family, home) in homes.iter().enumerate() {
+        let now = route_one(&second, &first.workers, family, 1).await;
+        assert_eq!(
+            now, *home,
+            "family {family}: routed to worker {home} through the first control plane, to {now} through the second"
+        );
+    }
+    store.kill();
+}

@@ -98,6 +98,16 @@ impl Policy for CacheAware {
         }
     }
 
+    fn keeps_tree(&self) -> bool {
+        true
+    }
+
+    fn learn(&self, worker: &Worker, text: &[u8]) {
+        if !text.is_empty() {
+            self.tree.insert(text, worker.tenant);
+        }
+    }
+
     fn on_removed(&self, worker: &Worker) {
         self.tree.remove_tenant(worker.tenant);
     }
@@ -198,6 +208,22 @@ mod tests {
         p.maintain(&ws[..1]);
         assert_eq!(p.tree.tenant_size(ws[1].tenant), 0);
         assert!(p.tree.tenant_size(ws[0].tenant) <= 8);
+    }
+
+    #[test]
+    fn a_prompt_another_control_plane_sent_follows_it() {
+        let p = policy();
+        let ws = workers(4);
+        let prefix = "system prompt ".repeat(20);
+        // Each worker but the last gets a prompt of its own, so the
+        // smallest tree (where a miss goes) is the last one's.
+        for (i, w) in ws.iter().take(3).enumerate() {
+            p.learn(w, format!("{i} other prompt").as_bytes());
+        }
+        p.learn(&ws[1], format!("{prefix} question 0").as_bytes());
+        let s = pick(&p, &ws, &format!("{prefix} question 1"));
+        assert_eq!((s.index, s.cache), (1, CacheOutcome::Hit));
+        assert!(p.keeps_tree());
     }
 
     #[test]

@@ -220,6 +220,16 @@ impl Policy for CostAware {
         }
     }
 
+    fn keeps_tree(&self) -> bool {
+        true
+    }
+
+    fn learn(&self, worker: &Worker, text: &[u8]) {
+        if !text.is_empty() {
+            self.tree.insert(text, worker.tenant);
+        }
+    }
+
     fn on_removed(&self, worker: &Worker) {
         self.tree.remove_tenant(worker.tenant);
         self.last_chosen.remove(&worker.tenant);
@@ -254,6 +264,17 @@ mod tests {
         let s = p.select(ws, &RouteInput::of_text(text.as_bytes()));
         let sent = ws[s.index].start(s.work);
         (s, sent)
+    }
+
+    #[test]
+    fn a_prompt_another_control_plane_sent_follows_it() {
+        let p = policy();
+        let ws = workers(3);
+        let prompt = "a long shared system prompt ".repeat(10);
+        p.learn(&ws[2], prompt.as_bytes());
+        let s = pick(&p, &ws, &format!("{prompt} and a question"));
+        assert_eq!((s.index, s.cache), (2, CacheOutcome::Hit));
+        assert!(p.keeps_tree());
     }
 
     #[test]

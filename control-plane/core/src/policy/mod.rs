@@ -90,6 +90,14 @@ pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
     /// Chooses one of `workers` (never empty).
     fn select(&self, workers: &[Arc<Worker>], input: &RouteInput<'_>) -> Selection;
+    /// Whether the policy keeps an approximate radix tree of what it sent
+    /// where: its choices are then worth telling other control planes.
+    fn keeps_tree(&self) -> bool {
+        false
+    }
+    /// Another control plane sent `text` to `worker`: a policy with a tree
+    /// records it as it records its own choices.
+    fn learn(&self, _worker: &Worker, _text: &[u8]) {}
     /// Forgets a removed worker.
     fn on_removed(&self, _worker: &Worker) {}
     /// Periodic upkeep (tree eviction), called every `--eviction-interval-secs`

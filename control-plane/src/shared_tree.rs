@@ -1,0 +1,236 @@
+//! The approximate radix trees shared by several control planes through the
+//! fleet store (`--fleet-store-url`, unless `--disable-shared-tree`).
+//!
+//! Each replica routes a share of the traffic, and its tree records only
+//! the prompts it sent itself: without sharing, a prompt family whose
+//! earlier requests went through another replica looks new here, and may
+//! be sent to a cold worker. So every decision a tree-keeping policy makes
+//! is also written to a Redis stream `{prefix}:tree` (the unit's URL and
+//! the routing text), and every replica inserts the others' entries into
+//! its own tree, as if it had made those choices.
+//!
+//! Bounded everywhere, and off the request path:
+//! - the request path hands a decision to a queue of [`QUEUE`] entries and
+//!   never waits; when the queue is full the insert is dropped (counted);
+//! - a text is cut to [`MAX_TEXT`] bytes (a prefix still matches its
+//!   prompt family; only matches past that length are lost);
+//! - the stream keeps about [`STREAM_LEN`] entries (`XADD MAXLEN ~`), so
+//!   Redis holds at most about `STREAM_LEN × MAX_TEXT` bytes of it;
+//! - each replica reads at most [`READ_COUNT`] entries a round.
+//!
+//! A replica started (or restarted) reads the stream from its start: the
+//! recent choices of the others warm its trees. While the store is down,
+//! inserts are dropped and each tree learns only its own replica's
+//! choices, as with a single control plane; nothing waits for the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamMaxlen, StreamReadOptions, StreamReadReply};
+use redis::AsyncCommands as _;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::engine::Engine;
+
+/// Decisions waiting to be written; more are dropped.
+pub const QUEUE: usize = 1024;
+/// Longest routing text shared, in bytes.
+pub const MAX_TEXT: usize = 32 * 1024;
+/// Entries the stream keeps (approximately: Redis trims whole nodes).
+pub const STREAM_LEN: usize = 1024;
+/// Most entries read in one round.
+pub const READ_COUNT: usize = 1024;
+/// How often a replica writes its decisions and reads the others'.
+const ROUND: Duration = Duration::from_millis(50);
+/// Longest wait for one exchange with the store (connect included).
+const OP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One decision to tell the other replicas.
+#[derive(Debug)]
+struct Insert {
+    unit: String,
+    text: Vec<u8>,
+}
+
+/// The request path's side: hands decisions to [`TreeSync`] without
+/// waiting.
+pub struct TreeOutbox {
+    tx: mpsc::Sender<Insert>,
+}
+
+impl TreeOutbox {
+    /// Queues "`text` was sent to `unit`" for the other replicas; `false`
+    /// when the queue is full and it was dropped.
+    pub fn record(&self, unit: &str, text: &[u8]) -> bool {
+        let text = &text[..text.len().min(MAX_TEXT)];
+        self.tx
+            .try_send(Insert {
+                unit: unit.to_string(),
+                text: text.to_vec(),
+            })
+            .is_ok()
+    }
+}
+
+/// The task that writes this replica's decisions to the stream and reads
+/// the others'.
+pub struct TreeSync {
+    client: redis::Client,
+    key: String,
+    /// This process's mark on its own entries (random: a restarted replica
+    /// learns what its earlier life wrote).
+    replica: String,
+    rx: mpsc::Receiver<Insert>,
+    conn: Option<MultiplexedConnection>,
+    /// The last entry read (`0`: read from the stream's start).
+    last: String,
+    /// Whether the last round reached the store (`None`: no round yet).
+    up: Option<bool>,
+}
+
+/// Why one exchange with the store failed.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error("{0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("no answer within {OP_TIMEOUT:?}")]
+    Timeout,
+}
+
+async fn timed<T>(
+    f: impl std::future::Future<Output = Result<T, redis::RedisError>>,
+) -> Result<T, SyncError> {
+    tokio::time::timeout(OP_TIMEOUT, f)
+        .await
+        .map_err(|_| SyncError::Timeout)?
+        .map_err(SyncError::from)
+}
+
+/// Both sides of the shared tree on the store at `url`, keys under
+/// `prefix` (the fleet store's).
+pub fn shared_tree(url: &str, prefix: &str) -> Result<(TreeOutbox, TreeSync), redis::RedisError> {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let sync = TreeSync {
+        client: redis::Client::open(url)?,
+        key: format!("{prefix}:tree"),
+        replica: format!("{:016x}", rand::random::<u64>()),
+        rx,
+        conn: None,
+        last: "0".to_string(),
+        up: None,
+    };
+    Ok((TreeOutbox { tx }, sync))
+}
+
+impl TreeSync {
+    /// Shares `engine`'s tree inserts for as long as the process runs.
+    pub async fn run(mut self, engine: Arc<Engine>) {
+        let mut batch = Vec::with_capacity(QUEUE);
+        loop {
+            tokio::time::sleep(ROUND).await;
+            while let Ok(insert) = self.rx.try_recv() {
+                batch.push(insert);
+            }
+            let result = self.round(&batch, &engine).await;
+            // Written or not, a round's decisions are not kept: while the
+            // store is down the queue would only fill with stale ones.
+            if result.is_err() {
+                engine.metrics().shared_tree("dropped", batch.len() as u64);
+            }
+            batch.clear();
+            self.report(result);
+        }
+    }
+
+    /// Logs when the store is lost or found again, not every round.
+    fn report(&mut self, result: Result<(), SyncError>) {
+        match result {
+            Ok(()) => {
+                if self.up != Some(true) {
+                    info!("fleet store reached: the approximate trees are shared");
+                }
+                self.up = Some(true);
+            }
+            Err(e) => {
+                self.conn = None;
+                if self.up != Some(false) {
+                    warn!(error = %e, "fleet store unreachable: each tree learns only this replica's choices until it is back");
+                }
+                self.up = Some(false);
+            }
+        }
+    }
+
+    /// One exchange: write `batch`, then read and apply what the others
+    /// wrote since the last round.
+    async fn round(&mut self, batch: &[Insert], engine: &Engine) -> Result<(), SyncError> {
+        let mut conn = match self.conn.clone() {
+            Some(c) => c,
+            None => {
+                let c = timed(self.client.get_multiplexed_async_connection()).await?;
+                self.conn = Some(c.clone());
+                c
+            }
+        };
+        let metrics = engine.metrics();
+        if !batch.is_empty() {
+            let mut pipe = redis::pipe();
+            for insert in batch.iter() {
+                let fields: [(&str, &[u8]); 3] = [
+                    ("r", self.replica.as_bytes()),
+                    ("w", insert.unit.as_bytes()),
+                    ("t", &insert.text),
+                ];
+                pipe.xadd_maxlen(&self.key, StreamMaxlen::Approx(STREAM_LEN), "*", &fields)
+                    .ignore();
+            }
+            timed(pipe.query_async::<()>(&mut conn)).await?;
+            metrics.shared_tree("sent", batch.len() as u64);
+        }
+        let options = StreamReadOptions::default().count(READ_COUNT);
+        let reply: Option<StreamReadReply> = timed(conn.xread_options(
+            std::slice::from_ref(&self.key),
+            std::slice::from_ref(&self.last),
+            &options,
+        ))
+        .await?;
+        let mut learned = 0;
+        for entry in reply.iter().flat_map(|r| &r.keys).flat_map(|k| &k.ids) {
+            self.last.clone_from(&entry.id);
+            if entry.get::<String>("r").as_deref() == Some(self.replica.as_str()) {
+                continue;
+            }
+            let (Some(unit), Some(text)) = (entry.get::<String>("w"), entry.get::<Vec<u8>>("t"))
+            else {
+                continue;
+            };
+            if engine.learn_shared(&unit, &text[..text.len().min(MAX_TEXT)]) {
+                learned += 1;
+            }
+        }
+        metrics.shared_tree("received", learned);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_outbox_cuts_long_texts_and_drops_when_full() {
+        let (outbox, mut sync) = shared_tree("redis://127.0.0.1:1/0", "t").unwrap();
+        assert!(outbox.record("http://w:1", &vec![b'a'; MAX_TEXT * 2]));
+        let first = sync.rx.try_recv().unwrap();
+        assert_eq!(
+            (first.unit.as_str(), first.text.len()),
+            ("http://w:1", MAX_TEXT)
+        );
+        for _ in 0..QUEUE {
+            assert!(outbox.record("http://w:1", b"x"));
+        }
+        assert!(!outbox.record("http://w:1", b"x"), "the queue is bounded");
+    }
+}
