@@ -228,6 +228,7 @@ fn load(
             let (url, stop, ok) = (stack.url("/v1/chat/completions"), stop.clone(), ok.clone());
             tokio::spawn(async move {
                 let client = reqwest::Client::new();
+                let t0 = std::time::Instant::now();
                 let mut failures = Vec::new();
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
@@ -238,17 +239,23 @@ fn load(
                         "stream": i % 2 == 0,
                         "messages": [{"role": "user", "content": format!("pd client {c} request {i}")}],
                     });
+                    let started = std::time::Instant::now();
+                    // When and how long: a failure's timing tells a lost
+                    // prefill half (the KV timeout) from a stuck request.
+                    let timed = |what: String| {
+                        format!("{what} (sent {:?} after the first, took {:?})", started - t0, started.elapsed())
+                    };
                     match client.post(&url).json(&body).send().await {
                         Ok(r) if r.status() == 200 => {
                             let text = r.text().await.unwrap_or_default();
                             if text.contains("\"error\"") {
-                                failures.push(text);
+                                failures.push(timed(text));
                             } else {
                                 ok.fetch_add(1, Ordering::Relaxed);
                             }
                         }
-                        Ok(r) => failures.push(format!("{}: {}", r.status(), r.text().await.unwrap_or_default())),
-                        Err(e) => failures.push(e.to_string()),
+                        Ok(r) => failures.push(timed(format!("{}: {}", r.status(), r.text().await.unwrap_or_default()))),
+                        Err(e) => failures.push(timed(e.to_string())),
                     }
                 }
                 failures
@@ -282,12 +289,14 @@ async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
     );
     let stop = Arc::new(AtomicBool::new(false));
     let ok = Arc::new(AtomicU64::new(0));
+    let load_started = std::time::Instant::now();
     let clients = load(&stack, 3, stop.clone(), ok.clone());
     assert!(
         grows_by(&ok, 10, Duration::from_secs(10)).await,
         "no load before the outage"
     );
     stack.kill_control_plane();
+    let killed_at = std::time::Instant::now();
     let before = ok.load(Ordering::Relaxed);
     let fetched_before = stack.decodes[0].stats().await["kv_fetched"]
         .as_u64()
@@ -356,7 +365,8 @@ async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
     );
     assert!(
         during >= PD_SERVED_IN_FIVE_SECONDS,
-        "only {during} served during the outage"
+        "only {during} served during the outage (killed {:?} after the load started); failures: {failures:?}",
+        killed_at - load_started
     );
     // Up to one request per client was already past its handshake at the kill.
     assert!(
