@@ -34,23 +34,13 @@ use tracing::{info, warn};
 
 use crate::enrollment::Enrollment;
 use crate::metrics::Metrics;
+use crate::store_link::{timed, StoreError, StoreLink};
 use crate::workers::{persist, persist::StoredWorker, Registry};
 
 /// How often each replica reads the store's version.
 const POLL: Duration = Duration::from_millis(250);
-/// Longest wait for one exchange with the store (connect included).
-const OP_TIMEOUT: Duration = Duration::from_secs(1);
 /// Changes kept for the store while it is unreachable (one per URL).
 const OUTBOX_CAP: usize = 4096;
-
-/// Why one exchange with the store failed.
-#[derive(Debug, thiserror::Error)]
-enum StoreError {
-    #[error("{0}")]
-    Redis(#[from] redis::RedisError),
-    #[error("no answer within {OP_TIMEOUT:?}")]
-    Timeout,
-}
 
 /// A change to the worker list made through this replica's admin API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,14 +114,13 @@ impl FleetStore {
         metrics: Arc<Metrics>,
     ) {
         let mut sync = StoreSync {
+            link: StoreLink::new(self.client.clone()),
             store: self,
             registry,
             enrollment,
             metrics,
-            conn: None,
             joined: false,
             seen: None,
-            up: None,
         };
         loop {
             let result = sync.round().await;
@@ -151,57 +140,30 @@ struct StoreSync {
     registry: Arc<Registry>,
     enrollment: Arc<Enrollment>,
     metrics: Arc<Metrics>,
-    conn: Option<MultiplexedConnection>,
+    link: StoreLink,
     /// This replica's flags' workers were offered to the store.
     joined: bool,
     /// The store's version last applied here.
     seen: Option<i64>,
-    /// Whether the last round reached the store (`None`: no round yet).
-    up: Option<bool>,
-}
-
-/// Bounds one exchange with the store.
-async fn timed<T>(
-    f: impl std::future::Future<Output = Result<T, redis::RedisError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(OP_TIMEOUT, f)
-        .await
-        .map_err(|_| StoreError::Timeout)?
-        .map_err(StoreError::from)
 }
 
 impl StoreSync {
     /// Logs when the store is lost or found again, not every round.
     fn report(&mut self, result: Result<(), StoreError>) {
         self.metrics.fleet_store(&self.store.prefix, result.is_ok());
-        match result {
-            Ok(()) => {
-                if self.up != Some(true) {
-                    info!("fleet store reached: the worker list is shared");
-                }
-                self.up = Some(true);
+        match (self.link.settle(&result), result) {
+            (Some(true), _) => info!("fleet store reached: the worker list is shared"),
+            (Some(false), Err(e)) => {
+                warn!(error = %e, "fleet store unreachable: routing on this replica's worker list until it is back")
             }
-            Err(e) => {
-                self.conn = None;
-                if self.up != Some(false) {
-                    warn!(error = %e, "fleet store unreachable: routing on this replica's worker list until it is back");
-                }
-                self.up = Some(false);
-            }
+            _ => {}
         }
     }
 
     /// One exchange: connect if needed, join, push the outbox, and apply
     /// the store's list if it changed.
     async fn round(&mut self) -> Result<(), StoreError> {
-        let mut conn = match self.conn.clone() {
-            Some(c) => c,
-            None => {
-                let c = timed(self.store.client.get_multiplexed_async_connection()).await?;
-                self.conn = Some(c.clone());
-                c
-            }
-        };
+        let mut conn = self.link.conn().await?;
         let mut version: Option<i64> = timed(conn.get(&self.store.version_key)).await?;
         let mut wrote = true;
         if version.is_none() {

@@ -39,6 +39,7 @@ pub mod service;
 pub mod session;
 pub mod shared_tree;
 pub mod startup;
+pub mod store_link;
 pub mod trace;
 pub mod upkeep;
 pub mod workers;

@@ -26,13 +26,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamMaxlen, StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands as _;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::engine::Engine;
+use crate::store_link::{timed, StoreError, StoreLink};
 
 /// Decisions waiting to be written; more are dropped.
 pub const QUEUE: usize = 1024;
@@ -44,8 +44,6 @@ pub const STREAM_LEN: usize = 1024;
 pub const READ_COUNT: usize = 1024;
 /// How often a replica writes its decisions and reads the others'.
 const ROUND: Duration = Duration::from_millis(50);
-/// Longest wait for one exchange with the store (connect included).
-const OP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// One decision to tell the other replicas.
 #[derive(Debug)]
@@ -77,35 +75,14 @@ impl TreeOutbox {
 /// The task that writes this replica's decisions to the stream and reads
 /// the others'.
 pub struct TreeSync {
-    client: redis::Client,
+    link: StoreLink,
     key: String,
     /// This process's mark on its own entries (random: a restarted replica
     /// learns what its earlier life wrote).
     replica: String,
     rx: mpsc::Receiver<Insert>,
-    conn: Option<MultiplexedConnection>,
     /// The last entry read (`0`: read from the stream's start).
     last: String,
-    /// Whether the last round reached the store (`None`: no round yet).
-    up: Option<bool>,
-}
-
-/// Why one exchange with the store failed.
-#[derive(Debug, thiserror::Error)]
-enum SyncError {
-    #[error("{0}")]
-    Redis(#[from] redis::RedisError),
-    #[error("no answer within {OP_TIMEOUT:?}")]
-    Timeout,
-}
-
-async fn timed<T>(
-    f: impl std::future::Future<Output = Result<T, redis::RedisError>>,
-) -> Result<T, SyncError> {
-    tokio::time::timeout(OP_TIMEOUT, f)
-        .await
-        .map_err(|_| SyncError::Timeout)?
-        .map_err(SyncError::from)
 }
 
 /// Both sides of the shared tree on the store at `url`, keys under
@@ -113,13 +90,11 @@ async fn timed<T>(
 pub fn shared_tree(url: &str, prefix: &str) -> Result<(TreeOutbox, TreeSync), redis::RedisError> {
     let (tx, rx) = mpsc::channel(QUEUE);
     let sync = TreeSync {
-        client: redis::Client::open(url)?,
+        link: StoreLink::new(redis::Client::open(url)?),
         key: format!("{prefix}:tree"),
         replica: format!("{:016x}", rand::random::<u64>()),
         rx,
-        conn: None,
         last: "0".to_string(),
-        up: None,
     };
     Ok((TreeOutbox { tx }, sync))
 }
@@ -145,35 +120,20 @@ impl TreeSync {
     }
 
     /// Logs when the store is lost or found again, not every round.
-    fn report(&mut self, result: Result<(), SyncError>) {
-        match result {
-            Ok(()) => {
-                if self.up != Some(true) {
-                    info!("fleet store reached: the approximate trees are shared");
-                }
-                self.up = Some(true);
+    fn report(&mut self, result: Result<(), StoreError>) {
+        match (self.link.settle(&result), result) {
+            (Some(true), _) => info!("fleet store reached: the approximate trees are shared"),
+            (Some(false), Err(e)) => {
+                warn!(error = %e, "fleet store unreachable: each tree learns only this replica's choices until it is back")
             }
-            Err(e) => {
-                self.conn = None;
-                if self.up != Some(false) {
-                    warn!(error = %e, "fleet store unreachable: each tree learns only this replica's choices until it is back");
-                }
-                self.up = Some(false);
-            }
+            _ => {}
         }
     }
 
     /// One exchange: write `batch`, then read and apply what the others
     /// wrote since the last round.
-    async fn round(&mut self, batch: &[Insert], engine: &Engine) -> Result<(), SyncError> {
-        let mut conn = match self.conn.clone() {
-            Some(c) => c,
-            None => {
-                let c = timed(self.client.get_multiplexed_async_connection()).await?;
-                self.conn = Some(c.clone());
-                c
-            }
-        };
+    async fn round(&mut self, batch: &[Insert], engine: &Engine) -> Result<(), StoreError> {
+        let mut conn = self.link.conn().await?;
         let metrics = engine.metrics();
         if !batch.is_empty() {
             let mut pipe = redis::pipe();
