@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::Value;
 
+use crate::envoy;
 use crate::params::{Contender, Peer};
 
 /// Where the binaries and the venvs are.
@@ -543,41 +544,14 @@ async fn start_ours(
         (paths.root.join(template_path), "on")
     };
     let config_path = paths.run_dir.join(format!("{tag}-envoy-{policy}.yaml"));
-    let rendered = std::process::Command::new(paths.root.join("envoy/render.sh"))
-        .arg(&config_path)
-        .env("ENVOY_TEMPLATE", &template)
-        .env("ADMIN_ROUTES", admin_routes)
-        .env("LISTEN_HOST", "127.0.0.1")
-        .env("LISTEN_PORT", port.to_string())
-        .env("ENVOY_ADMIN_PORT", envoy_admin.to_string())
-        .env("CONTROL_PLANE_HOST", "127.0.0.1")
-        .env("CONTROL_PLANE_GRPC_PORT", grpc.to_string())
-        .env("CONTROL_PLANE_ADMIN_PORT", admin.to_string())
-        .env("FILTER_WASM", &paths.wasm)
-        .output()
-        .context("running envoy/render.sh")?;
-    if !rendered.status.success() {
-        bail!(
-            "envoy/render.sh failed for {template_path}: {}",
-            String::from_utf8_lossy(&rendered.stderr)
-        );
-    }
-    // As scripts/quickstart.sh, plus --disable-hot-restart so that it never
-    // collides with another Envoy on the machine.
-    let mut envoy = Proc::spawn(
-        &format!("{tag}-envoy-{policy}"),
-        &paths.envoy,
-        &[
-            "-c".into(),
-            config_path.display().to_string(),
-            "--concurrency".into(),
-            "2".into(),
-            "--disable-hot-restart".into(),
-            "--log-level".into(),
-            "warn".into(),
-        ],
-        &paths.run_dir,
-    )?;
+    let ports = envoy::Ports {
+        listen: port,
+        envoy_admin,
+        grpc,
+        admin,
+    };
+    envoy::render(paths, &template, admin_routes, ports, &config_path)?;
+    let mut envoy = envoy::spawn(paths, &config_path, 2, &format!("{tag}-envoy-{policy}"))?;
     let base = format!("http://127.0.0.1:{port}");
     wait_ok(
         &format!("{base}/v1/models"),
