@@ -7,17 +7,22 @@
 # and (full runs of every scenario) writes it to docs/benchmarks.md. Not part
 # of scripts/test.sh: a full run takes about 90 minutes on 2 cores (the
 # routing-quality matrix is most of it; --scenarios overhead alone, ~10).
+# The replicas scenario (1, 2 and 3 control planes behind one Envoy, issue
+# 28) runs only when named: ~10 minutes (--quick ~2), no peer needed, and
+# a full run keeps the section an earlier --update put in the document.
 #
 #   scripts/bench.sh                      # everything, writes docs/benchmarks.md
 #   scripts/bench.sh --quick              # smoke run, report in .run/bench/
 #   scripts/bench.sh --scenarios quality --only cache_aware
+#   scripts/bench.sh --scenarios replicas --update   # its section in docs/
 #
-# Options: --quick, --scenarios overhead,quality,engine, --only LABEL[,LABEL]
+# Options: --quick, --scenarios overhead,quality,engine,replicas, --only LABEL[,LABEL]
 # (contenders whose label contains one of these), --shapes NAME[,NAME]
-# (scenario 2's shapes whose name contains one), --out FILE, --update (with
-# --scenarios quality: replace scenario 2 and its goals in docs/benchmarks.md,
+# (scenario 2's and the replicas scenario's shapes whose name contains one),
+# --out FILE, --update (with --scenarios quality: replace scenario 2 and its
+# goals in docs/benchmarks.md; with replicas: replace or add its section;
 # keeping the rest, which says which run it came from), --seeds N and
-# --held-out-seeds N (scenario 2 with only the first N of each seed list).
+# --held-out-seeds N (scenario 2 and replicas with only the first N seeds).
 # Every parameter is in tests/bench/src/params.rs.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -84,8 +89,11 @@ ensure_smg() {
 ensure_debian_packages
 ensure_wasm_target
 ensure_venv
-ensure_peer
-ensure_smg
+# Only scenarios 1 and 2 start the peers.
+if [[ ",$scenarios," == *",overhead,"* || ",$scenarios," == *",quality,"* ]]; then
+  ensure_peer
+  ensure_smg
+fi
 build_all
 log "building the benchmark tools"
 (cd "$ROOT" && cargo build --release -p sglang-envoy-bench --bins)

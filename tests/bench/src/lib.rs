@@ -15,6 +15,7 @@ pub mod params;
 pub mod procs;
 pub mod prom;
 pub mod quality;
+pub mod replicas;
 pub mod report;
 pub mod results;
 pub mod scenarios;

@@ -1,6 +1,7 @@
 //! `sglang-envoy-bench`: runs scenarios 1 (overhead: whole answers, SSE
 //! streams, PD mode) and 2 (routing quality) against every contender, reads scenario 3's results (written by
-//! `bench-engine` and the criterion benches), prints one report with ratios
+//! `bench-engine` and the criterion benches), runs the replicas scenario
+//! (several control planes) when asked, prints one report with ratios
 //! and goals, and writes it to a file. `scripts/bench.sh` is the way to
 //! call it: it installs, builds and runs the engine benches first.
 
@@ -15,7 +16,7 @@ use sglang_envoy_bench::params::{
 use sglang_envoy_bench::procs::Paths;
 use sglang_envoy_bench::report::{self, Inputs, RunInfo};
 use sglang_envoy_bench::results::{read_criterion, EngineResults};
-use sglang_envoy_bench::{quality, scenarios};
+use sglang_envoy_bench::{quality, replicas, scenarios};
 
 /// A scenario of the issue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -27,6 +28,10 @@ enum Scenario {
     Quality,
     /// 3: the decision engine (results read from files).
     Engine,
+    /// Several control planes behind one Envoy (issue 28); not in the
+    /// default list: it takes about 10 minutes and answers another
+    /// question than the comparison with the peers.
+    Replicas,
 }
 
 /// Benchmarks sglang-envoy against sglang-router.
@@ -75,8 +80,9 @@ struct Cli {
     /// Scenario 2: only the shapes whose name contains one of these.
     #[arg(long, value_delimiter = ',')]
     shapes: Vec<String>,
-    /// Replace scenario 2 and its goals in this report (written by an
-    /// earlier full run), keeping everything else.
+    /// Replace scenario 2 and its goals (when scenario 2 ran) and the
+    /// replicas section (when it ran; appended if absent) in this report,
+    /// written by an earlier full run, keeping everything else.
     #[arg(long)]
     update: Option<PathBuf>,
     /// Scenario 2: run each cell with only the first N in-sample seeds
@@ -256,6 +262,7 @@ async fn main() -> anyhow::Result<()> {
     let mut profile = Profile::select(cli.quick);
     if let Some(n) = cli.seeds {
         profile.quality.seeds = n.clamp(1, profile.quality.seeds.max(1));
+        profile.replicas.seeds = n.clamp(1, profile.replicas.seeds.max(1));
     }
     if let Some(n) = cli.held_out_seeds {
         profile.quality.held_out_seeds = n.min(profile.quality.held_out_seeds);
@@ -315,17 +322,44 @@ async fn main() -> anyhow::Result<()> {
         inputs.criterion = read_criterion(&target.join("criterion"));
     }
 
+    if cli.scenarios.contains(&Scenario::Replicas) {
+        eprintln!("==> replicas: several control planes behind one Envoy");
+        let results = replicas::run(&paths, &profile, &cli.shapes).await?;
+        save(&paths.run_dir, "replicas.json", &results)?;
+        inputs.replicas = Some(results);
+    }
+
     let info = run_info(&cli, &paths);
     let doc = report::render(&info, &inputs, &profile);
     println!("{doc}");
     if let Some(path) = &cli.update {
-        let old =
+        let mut text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let new = report::splice_quality(&old, &info, &inputs, &profile)?;
-        std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("updated scenario 2 in {}", path.display());
+        if inputs.quality.is_none() && inputs.replicas.is_none() {
+            anyhow::bail!("--update needs scenario 2 or the replicas scenario");
+        }
+        if inputs.quality.is_some() {
+            text = report::splice_quality(&text, &info, &inputs, &profile)?;
+            eprintln!("updated scenario 2 in {}", path.display());
+        }
+        if let Some(section) = report::replicas::section(&doc) {
+            text = report::replicas::splice(&text, section);
+            eprintln!("updated the replicas section in {}", path.display());
+        }
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(out) = &cli.out {
+        let docs = paths.root.join("docs/benchmarks.md");
+        let mut doc = doc;
+        // A full run rewrites docs/benchmarks.md but does not run the
+        // replicas scenario: keep the section an earlier run put there.
+        let same = matches!((out.canonicalize(), docs.canonicalize()), (Ok(a), Ok(b)) if a == b);
+        if same && report::replicas::section(&doc).is_none() {
+            let old = std::fs::read_to_string(&docs).unwrap_or_default();
+            if let Some(section) = report::replicas::section(&old) {
+                doc = report::replicas::splice(&doc, section);
+            }
+        }
         std::fs::write(out, &doc).with_context(|| format!("writing {}", out.display()))?;
         eprintln!("wrote {}", out.display());
     }

@@ -427,6 +427,24 @@ pub fn kv_model_dir() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("sglang-bench-model-{}", std::process::id()))
 }
 
+/// Scenario "replicas" (issue 28, several control planes, all active):
+/// this project's `cost_aware` behind one Envoy whose
+/// `sglang_control_plane` cluster lists 1, 2 or 3 control planes
+/// ([`crate::replicas::SETUPS`]), on shapes of scenario 2. Run only when asked
+/// (`--scenarios replicas`): it adds about 10 minutes and needs no peer.
+#[derive(Debug, Clone)]
+pub struct ReplicasParams {
+    /// Scenario 2's shapes it runs ([`crate::shapes::matrix`] names).
+    pub shapes: Vec<&'static str>,
+    /// How many of [`QUALITY_SEEDS`] each setup runs with (the same seeds
+    /// for every setup).
+    pub seeds: usize,
+    /// Envoy's `--concurrency`, the same for every setup: one filter VM per
+    /// worker thread, each holding its session to one control plane, so
+    /// that with more VMs than control planes every one gets some.
+    pub envoy_concurrency: usize,
+}
+
 /// Scenario 3: the decision engine in-process (criterion benches and the
 /// `bench-engine` helper).
 #[derive(Debug, Clone)]
@@ -469,6 +487,8 @@ pub struct Profile {
     pub quality: QualityParams,
     /// Scenario 3.
     pub engine: EngineParams,
+    /// Several control planes.
+    pub replicas: ReplicasParams,
 }
 
 impl Profile {
@@ -531,6 +551,11 @@ impl Profile {
                 fill_chars_total_max: 256 << 20,
                 timed_decisions: 20_000,
             },
+            replicas: ReplicasParams {
+                shapes: vec!["many groups", "few hot"],
+                seeds: 2,
+                envoy_concurrency: 4,
+            },
         }
     }
 
@@ -546,6 +571,7 @@ impl Profile {
         p.quality.held_out_seeds = 1;
         p.engine.fill_chars_per_worker = 64 << 10;
         p.engine.timed_decisions = 2_000;
+        p.replicas.seeds = 1;
         p
     }
 

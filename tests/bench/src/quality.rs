@@ -56,18 +56,23 @@ pub struct QualityRow {
     pub busy: f64,
 }
 
-/// The fleet of one run: the workers and how routers name them.
-struct Workers {
-    fleet: Fleet,
+/// The fleet of one run: the workers and how routers name them (the
+/// replicas scenario starts its fleets with it too).
+pub(crate) struct Workers {
+    pub(crate) fleet: Fleet,
     /// Workers that prefill (all, or the prefill half in PD mode): the
     /// hit ratio and the balance are read from them.
-    prefill: Sims,
+    pub(crate) prefill: Sims,
     /// PD mode's decode workers.
     _decode: Option<Sims>,
 }
 
 impl Workers {
-    async fn start(paths: &Paths, p: &QualityParams, tag: &str) -> anyhow::Result<Workers> {
+    pub(crate) async fn start(
+        paths: &Paths,
+        p: &QualityParams,
+        tag: &str,
+    ) -> anyhow::Result<Workers> {
         match p.pd {
             None => {
                 let args: Vec<Vec<String>> = (0..p.workers).map(|i| p.sim_args(i)).collect();
@@ -329,7 +334,9 @@ async fn cell(
     Ok(row)
 }
 
-fn summarise(
+/// One run's row from what its clients saw and its prefilling workers'
+/// `/_sim/stats` (shared with the replicas scenario).
+pub(crate) fn summarise(
     shape: &Shape,
     seed: u64,
     c: Contender,

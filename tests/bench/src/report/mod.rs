@@ -12,6 +12,7 @@ use crate::scenarios::{OverheadRow, PdRow, StreamRow};
 
 mod goals;
 mod quality;
+pub mod replicas;
 #[cfg(test)]
 mod tests;
 
@@ -48,6 +49,8 @@ pub struct Inputs {
     pub engine: Option<EngineResults>,
     /// Scenario 3 criterion estimates.
     pub criterion: Vec<CriterionEstimate>,
+    /// The replicas scenario (several control planes).
+    pub replicas: Option<crate::replicas::ReplicasResults>,
 }
 
 /// The whole markdown document.
@@ -98,6 +101,9 @@ pub fn render(info: &RunInfo, inputs: &Inputs, profile: &Profile) -> String {
     }
     if inputs.engine.is_some() || !inputs.criterion.is_empty() {
         render_engine(w, inputs, profile);
+    }
+    if let Some(r) = &inputs.replicas {
+        replicas::render(w, r, profile, info);
     }
     s
 }

@@ -1,0 +1,556 @@
+//! The replicas scenario in the report: one table per shape (each setup
+//! over the seeds, and its ratios to one control plane), the goals of
+//! issue 28 for the shared setups, and the splice that puts the section
+//! into docs/benchmarks.md without touching the rest.
+
+use std::fmt::Write as _;
+
+use super::goals::mark;
+use super::RunInfo;
+use crate::params::Profile;
+use crate::prom::Histogram;
+use crate::replicas::{us, ReplicaRun, ReplicasResults, SETUPS};
+
+/// The section's heading, which the splice looks for.
+pub const HEADING: &str = "## Several control planes (replicas)";
+
+/// Hit ratio a shared setup keeps, at least, of one control plane's.
+const HIT_GOAL: f64 = 0.95;
+/// Decision p99 a shared setup stays within, of one control plane's.
+const P99_GOAL: f64 = 1.10;
+
+/// One setup on one shape, over its seeds.
+#[derive(Debug, Clone)]
+pub(super) struct Agg {
+    pub setup: String,
+    pub requests: usize,
+    pub failed: usize,
+    /// Means over the seeds of each run's TTFT percentiles and hit ratio.
+    pub p50: f64,
+    pub p95: f64,
+    pub hit: f64,
+    /// Every run's control planes together.
+    pub decisions: Histogram,
+    /// Decisions of the first, second... control plane, summed over runs.
+    pub per_replica: Vec<u64>,
+    /// Each run's filter VM sessions per control plane, `2/1/1`.
+    pub sessions: Vec<String>,
+}
+
+/// The setups of `shape`, in [`SETUPS`] order (whatever order
+/// they ran in), then any other.
+pub(super) fn aggregate(runs: &[ReplicaRun], shape: &str) -> Vec<Agg> {
+    let mut names: Vec<&str> = SETUPS.iter().map(|s| s.label).collect();
+    for r in runs {
+        if !names.contains(&r.setup.as_str()) {
+            names.push(&r.setup);
+        }
+    }
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let rs: Vec<&ReplicaRun> = runs
+                .iter()
+                .filter(|r| r.row.shape == shape && r.setup == name)
+                .collect();
+            if rs.is_empty() {
+                return None;
+            }
+            let mean =
+                |f: fn(&ReplicaRun) -> f64| rs.iter().map(|r| f(r)).sum::<f64>() / rs.len() as f64;
+            let width = rs.iter().map(|r| r.per_replica.len()).max().unwrap_or(0);
+            Some(Agg {
+                setup: name.to_string(),
+                requests: rs.iter().map(|r| r.row.requests).sum(),
+                failed: rs.iter().map(|r| r.row.failed).sum(),
+                p50: mean(|r| r.row.ttft_ms.p50),
+                p95: mean(|r| r.row.ttft_ms.p95),
+                hit: mean(|r| r.row.cache_hit_ratio),
+                decisions: Histogram::merge(rs.iter().map(|r| &r.decisions)),
+                per_replica: (0..width)
+                    .map(|i| rs.iter().filter_map(|r| r.per_replica.get(i)).sum())
+                    .collect(),
+                sessions: rs
+                    .iter()
+                    .map(|r| {
+                        let s: Vec<String> = r.sessions.iter().map(u64::to_string).collect();
+                        s.join("/")
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// `a / b` as `0.97x`, empty when either is missing or `b` is 0.
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => String::new(),
+    }
+}
+
+/// One goal line of a shared setup against one control plane.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Goal {
+    pub shape: String,
+    pub setup: String,
+    pub goal: String,
+    pub measured: String,
+    pub pass: Option<bool>,
+}
+
+/// The goals of `shape`'s shared setups (every one with a store and the
+/// tree shared) against its first setup, one control plane: hit ratio at
+/// least [`HIT_GOAL`] of it, decision p99 at most [`P99_GOAL`] of it.
+pub(super) fn goals(shape: &str, aggs: &[Agg]) -> Vec<Goal> {
+    let Some(one) = aggs.iter().find(|a| a.setup == SETUPS[0].label) else {
+        return Vec::new();
+    };
+    let shared = SETUPS
+        .iter()
+        .filter(|s| s.fleet_store && !s.disable_shared_tree);
+    let one_p99 = one.decisions.quantile(0.99);
+    let mut out = Vec::new();
+    for s in shared {
+        let Some(a) = aggs.iter().find(|a| a.setup == s.label) else {
+            continue;
+        };
+        let hit = a.hit / one.hit.max(1e-9);
+        out.push(Goal {
+            shape: shape.into(),
+            setup: a.setup.clone(),
+            goal: format!("hit ratio >= {HIT_GOAL:.2}x one replica's"),
+            measured: format!("{:.3} vs {:.3} = {hit:.2}x", a.hit, one.hit),
+            pass: (one.hit > 0.0).then_some(hit >= HIT_GOAL),
+        });
+        let p99 = a.decisions.quantile(0.99);
+        let (measured, pass) = match (p99, one_p99) {
+            (Some(x), Some(o)) if o > 0.0 => (
+                format!("{} vs {} us = {:.2}x", us(Some(x)), us(Some(o)), x / o),
+                Some(x / o <= P99_GOAL),
+            ),
+            _ => ("no decisions counted".into(), None),
+        };
+        out.push(Goal {
+            shape: shape.into(),
+            setup: a.setup.clone(),
+            goal: format!("decision p99 <= {P99_GOAL:.2}x one replica's"),
+            measured,
+            pass,
+        });
+    }
+    out
+}
+
+/// The line comparing the shared and the unshared setups of as many
+/// control planes (the last shared setup with the same number of them):
+/// the same processes on the same cores, so what differs is the tree's
+/// sharing alone, which a ratio to one control plane mixes with the cost
+/// of running more processes on a small machine.
+pub(super) fn sharing_alone(aggs: &[Agg]) -> Option<String> {
+    let unshared = SETUPS.iter().find(|s| s.disable_shared_tree)?;
+    let shared = SETUPS
+        .iter()
+        .rfind(|s| s.replicas == unshared.replicas && s.fleet_store && !s.disable_shared_tree)?;
+    let find = |label: &str| aggs.iter().find(|a| a.setup == label);
+    let (with, without) = (find(shared.label)?, find(unshared.label)?);
+    let q = |a: &Agg, p: f64| a.decisions.quantile(p);
+    Some(format!(
+        "The tree's sharing alone (`{}` against `{}`, the same processes): decision \
+         p50 {} vs {} us, p99 {} vs {} us ({}); hit ratio {:.3} vs {:.3}; TTFT p95 \
+         {:.0} vs {:.0} ms.",
+        shared.label,
+        unshared.label,
+        us(q(with, 0.5)),
+        us(q(without, 0.5)),
+        us(q(with, 0.99)),
+        us(q(without, 0.99)),
+        ratio(q(with, 0.99), q(without, 0.99)),
+        with.hit,
+        without.hit,
+        with.p95,
+        without.p95,
+    ))
+}
+
+/// The section: what ran, a table per shape, the goals.
+pub fn render(w: &mut String, results: &ReplicasResults, profile: &Profile, info: &RunInfo) {
+    let rp = &profile.replicas;
+    let q = &profile.quality;
+    let _ = writeln!(w, "{HEADING}\n");
+    let project = info
+        .versions
+        .iter()
+        .find(|(k, _)| k == "this project")
+        .map_or("unknown", |(_, v)| v.as_str());
+    let machine: Vec<String> = info
+        .machine
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    let _ = writeln!(
+        w,
+        "*Run of {} ({} profile), this project {project}, `{} --scenarios replicas`; \
+         {}. A small shared machine: compare the ratios, not the absolute numbers.*\n",
+        info.date,
+        info.profile,
+        info.command,
+        machine.join(", ")
+    );
+    let _ = writeln!(
+        w,
+        "Issue 28: several control planes, all active, behind one Envoy. This \
+         project's `cost_aware` on scenario 2's shapes {} ({} requests/s of \
+         arrivals for {:?}, then up to {:?} of drain), each setup on fresh \
+         workers with the same {} seed(s). One Envoy (`envoy/envoy.yaml`, the \
+         wasm filter) with `--concurrency {}` in every setup; the \
+         `sglang_control_plane` cluster lists every control plane as an \
+         endpoint (its outlier detection kept). Each worker thread's filter \
+         VM holds its session to the one control plane its thread's round \
+         robin picked, a random one, so Envoy is started again (at most {} \
+         times) until the VMs' sessions are spread as evenly as they can be \
+         (`VM sessions per replica`, each seed's, from \
+         `sgl_router_filter_sessions`): otherwise a 3-replica row could run \
+         on fewer. Every control plane gets the same `--worker-urls`. `1 replica` \
+         is one plain control plane, no Redis; the others share one \
+         `redis-server` (started per run, nothing kept on disk) through \
+         `--fleet-store-url` with a key prefix of their own, which shares the \
+         worker list and the approximate tree's inserts; `tree not shared` \
+         adds `--disable-shared-tree`, which shows what sharing the tree buys. \
+         TTFT and the hit ratio (the workers' cached over prompt tokens) are \
+         means over the seeds of each run's; `decision` is the control \
+         planes' `sgl_router_decision_duration_seconds` read from each one's \
+         `/metrics` at the end of every run, all of a setup's summed bucket \
+         by bucket, its quantiles interpolated inside a bucket (as PromQL's \
+         `histogram_quantile`); `decisions per replica` is each control \
+         plane's `_count`, summed over the seeds (in the cluster's order). \
+         Ratios are to `1 replica` on the same shape.\n",
+        rp.shapes
+            .iter()
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(" and "),
+        q.rate,
+        q.duration,
+        q.drain,
+        rp.seeds,
+        rp.envoy_concurrency,
+        crate::replicas::MAX_ENVOY_STARTS,
+    );
+    for (setup, why) in &results.skipped {
+        let _ = writeln!(w, "Setup `{setup}` left out: {why}.\n");
+    }
+    let mut shapes: Vec<&str> = Vec::new();
+    for r in &results.runs {
+        if !shapes.contains(&r.row.shape.as_str()) {
+            shapes.push(&r.row.shape);
+        }
+    }
+    let mut all_goals = Vec::new();
+    for shape in shapes {
+        let aggs = aggregate(&results.runs, shape);
+        let _ = writeln!(w, "### {shape}\n");
+        let _ = writeln!(
+            w,
+            "| setup | requests | failed | TTFT p50 ms | TTFT p95 ms | hit ratio | decision p50 us | decision p99 us | decisions per replica | VM sessions per replica | hit vs 1 | decision p99 vs 1 | TTFT p95 vs 1 |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"
+        );
+        let one = aggs.first().filter(|a| a.setup == SETUPS[0].label);
+        for a in &aggs {
+            let p99 = a.decisions.quantile(0.99);
+            let per: Vec<String> = a.per_replica.iter().map(u64::to_string).collect();
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {} | {} | {} | {} | {} | {} |",
+                a.setup,
+                a.requests,
+                a.failed,
+                a.p50,
+                a.p95,
+                a.hit,
+                us(a.decisions.quantile(0.5)),
+                us(p99),
+                per.join(" / "),
+                a.sessions.join(", "),
+                ratio(Some(a.hit), one.map(|o| o.hit)),
+                ratio(p99, one.and_then(|o| o.decisions.quantile(0.99))),
+                ratio(Some(a.p95), one.map(|o| o.p95)),
+            );
+        }
+        let _ = writeln!(w);
+        if let Some(line) = sharing_alone(&aggs) {
+            let _ = writeln!(w, "{line}\n");
+        }
+        all_goals.extend(goals(shape, &aggs));
+    }
+    if !all_goals.is_empty() {
+        let _ = writeln!(
+            w,
+            "| shape | setup | goal | measured | result |\n| --- | --- | --- | --- | --- |"
+        );
+        for g in &all_goals {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {} | **{}** |",
+                g.shape,
+                g.setup,
+                g.goal,
+                g.measured,
+                mark(g.pass)
+            );
+        }
+        let _ = writeln!(w);
+    }
+}
+
+/// The section of `doc` under [`HEADING`] (to the next `## ` heading or
+/// the end), if it has one.
+pub fn section(doc: &str) -> Option<&str> {
+    let start = doc.find(HEADING)?;
+    let after = start + HEADING.len();
+    let end = doc[after..]
+        .find("\n## ")
+        .map_or(doc.len(), |i| after + i + 1);
+    Some(&doc[start..end])
+}
+
+/// `doc` with its replicas section replaced by `new` (a whole section,
+/// heading included), or `new` appended when it has none; a blank line
+/// keeps it from the next heading.
+pub fn splice(doc: &str, new: &str) -> String {
+    let new = new.trim_end();
+    match section(doc) {
+        Some(old) => {
+            let start = doc.find(HEADING).unwrap_or(0);
+            let rest = &doc[start + old.len()..];
+            let gap = if rest.is_empty() { "\n" } else { "\n\n" };
+            format!("{}{new}{gap}{rest}", &doc[..start])
+        }
+        None => format!("{}\n\n{new}\n", doc.trim_end()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quality::QualityRow;
+    use crate::stats::Percentiles;
+
+    /// A histogram of `n` decisions, all in (`lo`, `hi`] seconds.
+    fn hist(lo: f64, hi: f64, n: f64) -> Histogram {
+        Histogram {
+            buckets: vec![(lo, 0.0), (hi, n), (f64::INFINITY, n)],
+            count: n,
+            sum: 0.0,
+        }
+    }
+
+    fn run(
+        shape: &str,
+        setup: &str,
+        seed: u64,
+        hit: f64,
+        p95: f64,
+        per: &[u64],
+        h: Histogram,
+    ) -> ReplicaRun {
+        ReplicaRun {
+            setup: setup.into(),
+            replicas: per.len(),
+            row: QualityRow {
+                shape: shape.into(),
+                seed,
+                held_out: false,
+                contender: setup.into(),
+                requests: 100,
+                completed: 99,
+                failed: 1,
+                first_failure: None,
+                ttft_ms: Percentiles {
+                    p50: p95 / 4.0,
+                    p95,
+                    ..Percentiles::default()
+                },
+                e2e_ms: Percentiles::default(),
+                cache_hit_ratio: hit,
+                per_worker: vec![25; 4],
+                max_min: 1.0,
+                busy: 0.5,
+            },
+            decisions: h,
+            per_replica: per.to_vec(),
+            sessions: per.iter().map(|_| 1).collect(),
+            envoy_starts: 1,
+        }
+    }
+
+    /// "many groups": 2 replicas keep the hit ratio and the p99; 3
+    /// replicas lose both; the unshared row has no goal.
+    fn results() -> ReplicasResults {
+        let us = 1e-6;
+        ReplicasResults {
+            runs: vec![
+                // Run order is not table order.
+                run(
+                    "many groups",
+                    "3 replicas",
+                    1,
+                    0.80,
+                    900.0,
+                    &[30, 30, 40],
+                    hist(20.0 * us, 40.0 * us, 100.0),
+                ),
+                run(
+                    "many groups",
+                    "1 replica",
+                    1,
+                    0.90,
+                    600.0,
+                    &[100],
+                    hist(10.0 * us, 20.0 * us, 100.0),
+                ),
+                run(
+                    "many groups",
+                    "1 replica",
+                    2,
+                    0.92,
+                    800.0,
+                    &[100],
+                    hist(10.0 * us, 20.0 * us, 100.0),
+                ),
+                run(
+                    "many groups",
+                    "2 replicas",
+                    1,
+                    0.90,
+                    700.0,
+                    &[60, 40],
+                    hist(10.0 * us, 20.0 * us, 100.0),
+                ),
+                run(
+                    "many groups",
+                    "2 replicas",
+                    2,
+                    0.90,
+                    700.0,
+                    &[50, 50],
+                    hist(10.0 * us, 20.0 * us, 100.0),
+                ),
+                run(
+                    "many groups",
+                    "3 replicas, tree not shared",
+                    1,
+                    0.70,
+                    1400.0,
+                    &[34, 33, 33],
+                    hist(10.0 * us, 20.0 * us, 100.0),
+                ),
+                run(
+                    "few hot",
+                    "1 replica",
+                    1,
+                    0.90,
+                    500.0,
+                    &[100],
+                    hist(10.0 * us, 20.0 * us, 100.0),
+                ),
+            ],
+            skipped: vec![],
+        }
+    }
+
+    #[test]
+    fn aggregates_over_seeds_in_setup_order() {
+        let aggs = aggregate(&results().runs, "many groups");
+        let names: Vec<&str> = aggs.iter().map(|a| a.setup.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "1 replica",
+                "2 replicas",
+                "3 replicas",
+                "3 replicas, tree not shared"
+            ]
+        );
+        let one = &aggs[0];
+        assert_eq!((one.requests, one.failed), (200, 2));
+        assert!((one.hit - 0.91).abs() < 1e-9 && (one.p95 - 700.0).abs() < 1e-9);
+        assert_eq!(one.decisions.count, 200.0);
+        assert_eq!(aggs[1].per_replica, [110, 90]);
+        assert_eq!(aggs[1].sessions, ["1/1", "1/1"]);
+        assert!(aggregate(&results().runs, "no such shape").is_empty());
+    }
+
+    #[test]
+    fn goals_hold_the_shared_setups_to_one_replica() {
+        let aggs = aggregate(&results().runs, "many groups");
+        let g = goals("many groups", &aggs);
+        // Two goals for each of "2 replicas" and "3 replicas", none for
+        // the unshared row.
+        assert_eq!(g.len(), 4, "{g:?}");
+        assert!(g.iter().all(|g| !g.setup.contains("not shared")));
+        let find = |setup: &str, what: &str| {
+            g.iter()
+                .find(|g| g.setup == setup && g.goal.starts_with(what))
+                .unwrap()
+        };
+        // 0.90 / 0.91 = 0.99x.
+        let hit2 = find("2 replicas", "hit");
+        assert_eq!(hit2.pass, Some(true));
+        assert_eq!(hit2.measured, "0.900 vs 0.910 = 0.99x");
+        // 0.80 / 0.91 = 0.88x < 0.95x.
+        assert_eq!(find("3 replicas", "hit").pass, Some(false));
+        // Same buckets: same p99 (19.9 us interpolated), 1.00x.
+        let p99 = find("2 replicas", "decision");
+        assert_eq!(
+            (p99.pass, p99.measured.as_str()),
+            (Some(true), "19.9 vs 19.9 us = 1.00x")
+        );
+        // One bucket up: (20, 40] us, 39.8 us = 2.00x.
+        assert_eq!(find("3 replicas", "decision").pass, Some(false));
+        // Without the one-replica row there is nothing to compare with.
+        assert!(goals("many groups", &aggs[1..]).is_empty());
+    }
+
+    #[test]
+    fn renders_a_table_per_shape_and_the_goals() {
+        let mut doc = String::new();
+        render(&mut doc, &results(), &Profile::full(), &RunInfo::default());
+        assert!(doc.starts_with(HEADING));
+        assert!(doc.contains("### many groups") && doc.contains("### few hot"));
+        assert!(doc.contains(
+            "| 2 replicas | 200 | 2 | 175 | 700 | 0.900 | 15.0 | 19.9 | 110 / 90 | 1/1, 1/1 | 0.99x | 1.00x | 1.00x |"
+        ), "{doc}");
+        assert!(doc.contains("| many groups | 3 replicas | hit ratio >= 0.95x one replica's | 0.800 vs 0.910 = 0.88x | **FAIL** |"));
+        assert!(
+            doc.contains(
+                "The tree's sharing alone (`3 replicas` against `3 replicas, tree not shared`, \
+             the same processes): decision p50 30.0 vs 15.0 us, p99 39.8 vs 19.9 us (2.00x); \
+             hit ratio 0.800 vs 0.700; TTFT p95 900 vs 1400 ms."
+            ),
+            "{doc}"
+        );
+        // "few hot" has only one replica: its table, no goals.
+        assert!(!doc.contains("| few hot | 2 replicas"));
+    }
+
+    #[test]
+    fn the_splice_replaces_or_appends_only_its_section() {
+        let doc = "# Benchmarks\n\n## Scenario 3: decision engine\n\nold engine\n";
+        let new = format!("{HEADING}\n\nfirst\n");
+        let once = splice(doc, &new);
+        assert_eq!(once, format!("{}\n\n{new}", doc.trim_end()));
+        assert_eq!(section(&once), Some(new.as_str()));
+        // A section followed by another: only it changes.
+        let middle = format!("{once}\n## Later\n\nkept\n");
+        let newer = format!("{HEADING}\n\nsecond\n");
+        let twice = splice(&middle, &newer);
+        assert!(twice.contains("second") && !twice.contains("first"));
+        assert!(twice.contains("old engine") && twice.ends_with("## Later\n\nkept\n"));
+        assert_eq!(section(&twice), Some(format!("{newer}\n").as_str()));
+        // Spliced at the end again: the same document.
+        assert_eq!(splice(&once, &new), once);
+        assert_eq!(section(doc), None);
+    }
+}
