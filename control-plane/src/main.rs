@@ -29,6 +29,7 @@ use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::fleet_store::FleetStore;
 use sglang_envoy_control_plane::kv_events::KvEvents;
 use sglang_envoy_control_plane::metrics::Metrics;
+use sglang_envoy_control_plane::shared_loads::SharedLoads;
 use sglang_envoy_control_plane::shared_tree::{shared_tree, TreeSync};
 use sglang_envoy_control_plane::workers::persist::StoredWorker;
 use sglang_envoy_control_plane::workers::{
@@ -91,6 +92,16 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(kv) = &plane.kv_events {
         tokio::spawn(kv.clone().run(plane.engine.registry().clone()));
+    }
+    if let Some(url) = &args.fleet_store.fleet_store_url {
+        if !args.fleet_store.disable_shared_loads {
+            let loads = SharedLoads::new(url, &args.fleet_store.fleet_store_key_prefix)
+                .context("--fleet-store-url")?;
+            tokio::spawn(loads.run(
+                plane.engine.registry().clone(),
+                plane.engine.metrics().clone(),
+            ));
+        }
     }
     if let Some(sync) = plane.tree_sync.take() {
         tokio::spawn(sync.run(plane.engine.clone()));

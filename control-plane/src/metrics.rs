@@ -63,6 +63,7 @@ pub struct Metrics {
     exact_checks: Family<CheckLabel, Counter>,
     fleet_store_up: Family<StoreLabel, Gauge>,
     shared_tree: Family<DirectionLabel, Counter>,
+    fleet_store_peers: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -121,6 +122,7 @@ impl Metrics {
             exact_checks: Family::default(),
             fleet_store_up: Family::default(),
             shared_tree: Family::default(),
+            fleet_store_peers: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -253,6 +255,11 @@ impl Metrics {
             "Approximate-tree inserts shared through the fleet store: direction=sent (this control plane's choices written), received (the others' applied here), dropped (queue full or store down)",
             m.shared_tree.clone(),
         );
+        registry.register(
+            "sgl_router_fleet_store_peers",
+            "Other control planes whose requests in flight this one read from the fleet store last (0 while it is unreachable)",
+            m.fleet_store_peers.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -293,6 +300,11 @@ impl Metrics {
                 .get_or_create(&DirectionLabel { direction })
                 .inc_by(n);
         }
+    }
+
+    /// How many other control planes' counts were read last.
+    pub fn fleet_store_peers(&self, n: usize) {
+        self.fleet_store_peers.set(n as i64);
     }
 
     /// A filter's session stream opened (`+1`) or ended (`-1`).

@@ -273,7 +273,7 @@ mod tests {
         );
         assert_eq!(t.open_count(), 0);
         assert_eq!(
-            (w.load(), w.pending_work(), w.routing_keys()),
+            (w.load(), w.own_work(), w.routing_keys()),
             (0, 0, 0),
             "a refused decision is released"
         );
@@ -290,6 +290,6 @@ mod tests {
         assert_eq!(w.routing_keys(), 1);
         assert_eq!(t.reap(Duration::from_secs(3600)), 0);
         assert_eq!(t.reap(Duration::ZERO), 1);
-        assert_eq!((w.load(), w.pending_work(), w.routing_keys()), (0, 0, 0));
+        assert_eq!((w.load(), w.own_work(), w.routing_keys()), (0, 0, 0));
     }
 }

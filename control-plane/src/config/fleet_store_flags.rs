@@ -23,4 +23,10 @@ pub struct FleetStoreFlags {
     /// routed through one replica is known to all.
     #[arg(long)]
     pub disable_shared_tree: bool,
+    /// Route on each control plane's own requests in flight: by default,
+    /// with a fleet store, each one's counts per worker (requests and
+    /// their prefill work) are shared with the others every 50 ms, and
+    /// every load-aware policy weighs the sum.
+    #[arg(long)]
+    pub disable_shared_loads: bool,
 }

@@ -368,3 +368,130 @@ async fn a_prompt_routed_through_one_control_plane_is_known_to_the_others() {
     }
     store.kill();
 }
+
+/// `/generate` requests `worker` received (arrivals, so a slow request
+/// counts before it ends; health probes do not count).
+async fn generates(worker: &SimWorker) -> usize {
+    worker
+        .requests()
+        .await
+        .iter()
+        .filter(|r| r["path"] == "/generate")
+        .count()
+}
+
+/// The index of the one worker of `workers` that received a `/generate`
+/// since `before`.
+async fn which_received(workers: &[SimWorker], before: &[usize]) -> Option<usize> {
+    let mut rose = Vec::new();
+    for (i, w) in workers.iter().enumerate() {
+        if generates(w).await > before[i] {
+            rose.push(i);
+        }
+    }
+    (rose.len() == 1).then(|| rose[0])
+}
+
+/// Requests in flight are shared through the store: a worker kept busy by
+/// one control plane's requests is avoided by another, which sent it
+/// nothing and (load reports off) has no other way to know.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_busy_with_one_control_planes_requests_is_avoided_by_the_others() {
+    if redis::missing() {
+        return;
+    }
+    if FrontDoor::current() == FrontDoor::Picker {
+        eprintln!("skipped: the picker pass runs one control plane per gateway");
+        return;
+    }
+    let dir = fresh_dir(&format!("shared-loads-{}", std::process::id())).unwrap();
+    let redis_port = free_port();
+    let mut store = redis::start(&dir, redis_port, 0);
+    assert!(redis::answers(redis_port).await, "redis never answered");
+    let mut cp_args =
+        redis::fleet_store_flags(redis_port, &format!("shared-loads-{}", std::process::id()));
+    // Only the shared counts can tell the second control plane; the
+    // policy that weighs every request in flight (cache_aware looks at
+    // loads only past its imbalance thresholds).
+    cp_args.push("--disable-load-monitoring".into());
+    let options = |workers: usize| StackOptions {
+        workers,
+        cp_args: cp_args.clone(),
+        policy: "cost_aware".into(),
+        ..Default::default()
+    };
+    let first = Stack::start(options(2)).await.unwrap();
+    let second = Stack::start(options(0)).await.unwrap();
+    for w in &first.workers {
+        assert!(
+            second
+                .wait_marked(&w.url, true, Duration::from_secs(5))
+                .await,
+            "the second control plane never took {} from the store",
+            w.url
+        );
+    }
+    let busy = &first.workers[0];
+    // Its answers take 0.2 s a token: 4 s for 20 tokens.
+    busy.configure(json!({"decode_us_per_token": 200_000}))
+        .await;
+    let slow = |i: usize| {
+        json!({
+            // Distinct prefixes: spread by load, not kept together by cache.
+            "text": format!("{i} slow request"),
+            "sampling_params": {"max_new_tokens": 20},
+        })
+        .to_string()
+    };
+    let sent: Vec<_> = (0..4)
+        .map(|i| {
+            let (url, body) = (first.url("/generate"), slow(i));
+            tokio::spawn(async move {
+                reqwest::Client::new()
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    loop {
+        let loads = first.admin_loads().await;
+        if loads.iter().any(|(url, l)| *url == busy.url && *l > 0) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the first control plane sent nothing to the slow worker: {loads:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Two rounds of the shared counts.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for i in 0..6 {
+        let mut before = Vec::new();
+        for w in &first.workers {
+            before.push(generates(w).await);
+        }
+        // No two share a prefix: only load can set them apart.
+        let body = json!({
+            "text": format!("{i} is a quick question"),
+            "sampling_params": {"max_new_tokens": 1},
+        })
+        .to_string();
+        let r = second.post("/generate", &body).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            which_received(&first.workers, &before).await,
+            Some(1),
+            "request {i} through the second control plane went to the worker the first keeps busy"
+        );
+    }
+    for s in sent {
+        assert_eq!(s.await.unwrap().ok(), Some(200));
+    }
+    store.kill();
+}

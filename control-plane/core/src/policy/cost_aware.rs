@@ -267,6 +267,19 @@ mod tests {
     }
 
     #[test]
+    fn requests_another_control_plane_keeps_on_a_worker_count_against_it() {
+        let p = policy();
+        let ws = workers(2);
+        ws[0].set_peer_load(2, 0);
+        for i in 0..6 {
+            // Each ends before the next is sent.
+            let text = format!("{i} is a quick question");
+            let s = p.select(&ws, &RouteInput::of_text(text.as_bytes()));
+            assert_eq!(s.index, 1, "prompt {i}");
+        }
+    }
+
+    #[test]
     fn a_prompt_another_control_plane_sent_follows_it() {
         let p = policy();
         let ws = workers(3);

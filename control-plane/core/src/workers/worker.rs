@@ -187,6 +187,10 @@ pub struct Worker {
     /// Estimated prefill work (uncached prompt bytes) of the requests in
     /// flight, for policies that weigh queues by work rather than count.
     work: AtomicU64,
+    /// The other control planes' requests in flight here and their work,
+    /// as the fleet store last told (see [`Worker::set_peer_load`]).
+    peer_load: AtomicUsize,
+    peer_work: AtomicU64,
     health: Arc<Health>,
     processed: AtomicUsize,
     /// Routing keys of the requests in flight, with how many each has:
@@ -226,6 +230,8 @@ impl Worker {
             load: AtomicUsize::new(0),
             engine: EngineLoad::default(),
             work: AtomicU64::new(0),
+            peer_load: AtomicUsize::new(0),
+            peer_work: AtomicU64::new(0),
             health,
             processed: AtomicUsize::new(0),
             keys: Mutex::new(HashMap::new()),
@@ -268,9 +274,21 @@ impl Worker {
     /// router sent since (see [`EngineLoad`]), and never less than this
     /// router's own requests in flight, which the engine holds or is about
     /// to; the router's own count alone without a live report.
+    ///
+    /// With several control planes sharing their counts (the fleet store),
+    /// "this router's own" is all of theirs: the engine's report holds the
+    /// others' requests too, but only as of its last read.
     pub fn routing_load(&self) -> usize {
-        let own = self.load();
-        self.engine.merged().map_or(own, |merged| merged.max(own))
+        let ours = self.load() + self.peer_load.load(Ordering::Relaxed);
+        self.engine.merged().map_or(ours, |merged| merged.max(ours))
+    }
+
+    /// The other control planes' requests in flight on this unit and their
+    /// estimated prefill work, replacing the last figures (0, 0 when they
+    /// are unknown: each then routes on its own counts).
+    pub fn set_peer_load(&self, load: usize, work: u64) {
+        self.peer_load.store(load, Ordering::Relaxed);
+        self.peer_work.store(work, Ordering::Relaxed);
     }
 
     /// Counts one more request in flight.
@@ -327,8 +345,15 @@ impl Worker {
         self.keys.lock().len()
     }
 
-    /// Estimated prefill work of the requests in flight.
+    /// Estimated prefill work of the requests in flight, this control
+    /// plane's and (shared through the fleet store) the others'.
     pub fn pending_work(&self) -> u64 {
+        self.own_work()
+            .saturating_add(self.peer_work.load(Ordering::Relaxed))
+    }
+
+    /// Estimated prefill work of this control plane's requests in flight.
+    pub fn own_work(&self) -> u64 {
         self.work.load(Ordering::Relaxed)
     }
 
@@ -406,6 +431,27 @@ mod tests {
         assert!(b.is_healthy());
         a.increment_load();
         assert_eq!((a.load(), b.load()), (1, 0));
+    }
+
+    #[test]
+    fn the_other_control_planes_counts_add_to_ours_and_an_engine_report_bounds_them_below() {
+        let w = worker();
+        let sent = w.start(100);
+        w.set_peer_load(3, 500);
+        assert_eq!(
+            (w.routing_load(), w.pending_work(), w.own_work()),
+            (4, 600, 100)
+        );
+        // An engine report above everyone's counts (traffic from elsewhere)
+        // stands; one below them (read before they were sent) does not.
+        w.engine.record(9);
+        assert_eq!(w.routing_load(), 9);
+        w.engine.record(1);
+        assert_eq!(w.routing_load(), 4);
+        w.set_peer_load(0, 0);
+        w.finish(100, sent);
+        // The report's request ended since it was read.
+        assert_eq!((w.routing_load(), w.pending_work()), (0, 0));
     }
 
     #[test]
