@@ -36,38 +36,45 @@ pub struct ReplicaSetup {
     /// With `--fleet-store-url` (a Redis of its own per run) and a key
     /// prefix of its own.
     pub fleet_store: bool,
-    /// Without the approximate tree's inserts shared through the store
-    /// (`--disable-shared-tree`): what sharing buys.
-    pub disable_shared_tree: bool,
+    /// The flag turning one kind of sharing off (`--disable-shared-tree`:
+    /// the approximate tree's inserts; `--disable-shared-loads`: the
+    /// requests in flight), to show what that sharing buys; `None`: all of
+    /// it on.
+    pub unshared: Option<&'static str>,
 }
 
 /// The setups, in order; the first is the reference of the ratios and
-/// goals. A control plane without `--disable-shared-tree` skips the setup
-/// that needs it.
+/// goals. A control plane without a setup's `unshared` flag skips it.
 pub const SETUPS: &[ReplicaSetup] = &[
     ReplicaSetup {
         label: "1 replica",
         replicas: 1,
         fleet_store: false,
-        disable_shared_tree: false,
+        unshared: None,
     },
     ReplicaSetup {
         label: "2 replicas",
         replicas: 2,
         fleet_store: true,
-        disable_shared_tree: false,
+        unshared: None,
     },
     ReplicaSetup {
         label: "3 replicas",
         replicas: 3,
         fleet_store: true,
-        disable_shared_tree: false,
+        unshared: None,
     },
     ReplicaSetup {
         label: "3 replicas, tree not shared",
         replicas: 3,
         fleet_store: true,
-        disable_shared_tree: true,
+        unshared: Some(NO_SHARED_TREE),
+    },
+    ReplicaSetup {
+        label: "3 replicas, loads not shared",
+        replicas: 3,
+        fleet_store: true,
+        unshared: Some(NO_SHARED_LOADS),
     },
 ];
 
@@ -76,6 +83,8 @@ pub const DECISION_HISTOGRAM: &str = "sgl_router_decision_duration_seconds";
 
 /// The flag of the setup that does not share the tree.
 const NO_SHARED_TREE: &str = "--disable-shared-tree";
+/// The flag of the setup that does not share the requests in flight.
+const NO_SHARED_LOADS: &str = "--disable-shared-loads";
 
 /// One setup on one shape with one seed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -203,8 +212,8 @@ fn control_plane_args(
             prefix.to_string(),
         ]);
     }
-    if setup.disable_shared_tree {
-        a.push(NO_SHARED_TREE.into());
+    if let Some(flag) = setup.unshared {
+        a.push(flag.into());
     }
     a
 }
@@ -222,8 +231,8 @@ pub async fn run(
     let mut results = ReplicasResults::default();
     let mut setups: Vec<ReplicaSetup> = Vec::new();
     for s in SETUPS {
-        if s.disable_shared_tree && !knows_flag(&paths.control_plane, NO_SHARED_TREE) {
-            let why = format!("this control plane has no {NO_SHARED_TREE}");
+        if let Some(flag) = s.unshared.filter(|f| !knows_flag(&paths.control_plane, f)) {
+            let why = format!("this control plane has no {flag}");
             eprintln!("  setup {:?} left out: {why}", s.label);
             results.skipped.push((s.label.to_string(), why));
         } else {
@@ -526,7 +535,10 @@ mod tests {
         assert!(!joined.contains(NO_SHARED_TREE));
         let one = control_plane_args(&SETUPS[0], &workers, None, 1, 2).join(" ");
         assert!(!one.contains("--fleet-store"), "{one}");
-        let unshared = SETUPS.iter().find(|s| s.disable_shared_tree).unwrap();
+        let unshared = SETUPS
+            .iter()
+            .find(|s| s.unshared == Some(NO_SHARED_TREE))
+            .unwrap();
         assert!(control_plane_args(unshared, &workers, Some((1, "q")), 1, 2)
             .contains(&NO_SHARED_TREE.to_string()));
     }

@@ -109,7 +109,7 @@ pub(super) fn goals(shape: &str, aggs: &[Agg]) -> Vec<Goal> {
     };
     let shared = SETUPS
         .iter()
-        .filter(|s| s.fleet_store && !s.disable_shared_tree);
+        .filter(|s| s.fleet_store && s.unshared.is_none());
     let one_p99 = one.decisions.quantile(0.99);
     let mut out = Vec::new();
     for s in shared {
@@ -143,35 +143,41 @@ pub(super) fn goals(shape: &str, aggs: &[Agg]) -> Vec<Goal> {
     out
 }
 
-/// The line comparing the shared and the unshared setups of as many
-/// control planes (the last shared setup with the same number of them):
-/// the same processes on the same cores, so what differs is the tree's
-/// sharing alone, which a ratio to one control plane mixes with the cost
-/// of running more processes on a small machine.
-pub(super) fn sharing_alone(aggs: &[Agg]) -> Option<String> {
-    let unshared = SETUPS.iter().find(|s| s.disable_shared_tree)?;
-    let shared = SETUPS
-        .iter()
-        .rfind(|s| s.replicas == unshared.replicas && s.fleet_store && !s.disable_shared_tree)?;
+/// One line per setup with a sharing turned off, against the shared setup
+/// with as many control planes: the same processes on the same cores, so
+/// what differs is that sharing alone, which a ratio to one control plane
+/// mixes with the cost of running more processes on a small machine.
+pub(super) fn sharing_alone(aggs: &[Agg]) -> Vec<String> {
     let find = |label: &str| aggs.iter().find(|a| a.setup == label);
-    let (with, without) = (find(shared.label)?, find(unshared.label)?);
     let q = |a: &Agg, p: f64| a.decisions.quantile(p);
-    Some(format!(
-        "The tree's sharing alone (`{}` against `{}`, the same processes): decision \
-         p50 {} vs {} us, p99 {} vs {} us ({}); hit ratio {:.3} vs {:.3}; TTFT p95 \
-         {:.0} vs {:.0} ms.",
-        shared.label,
-        unshared.label,
-        us(q(with, 0.5)),
-        us(q(without, 0.5)),
-        us(q(with, 0.99)),
-        us(q(without, 0.99)),
-        ratio(q(with, 0.99), q(without, 0.99)),
-        with.hit,
-        without.hit,
-        with.p95,
-        without.p95,
-    ))
+    SETUPS
+        .iter()
+        .filter_map(|unshared| {
+            let flag = unshared.unshared?;
+            let shared = SETUPS.iter().rfind(|s| {
+                s.replicas == unshared.replicas && s.fleet_store && s.unshared.is_none()
+            })?;
+            let (with, without) = (find(shared.label)?, find(unshared.label)?);
+            Some(format!(
+                "What `{flag}` turns off (`{}` against `{}`, the same processes): \
+                 decision p50 {} vs {} us, p99 {} vs {} us ({}); hit ratio {:.3} vs \
+                 {:.3}; TTFT p50 {:.0} vs {:.0} ms, p95 {:.0} vs {:.0} ms.",
+                shared.label,
+                unshared.label,
+                us(q(with, 0.5)),
+                us(q(without, 0.5)),
+                us(q(with, 0.99)),
+                us(q(without, 0.99)),
+                ratio(q(with, 0.99), q(without, 0.99)),
+                with.hit,
+                without.hit,
+                with.p50,
+                without.p50,
+                with.p95,
+                without.p95,
+            ))
+        })
+        .collect()
 }
 
 /// The section: what ran, a table per shape, the goals.
@@ -279,7 +285,7 @@ pub fn render(w: &mut String, results: &ReplicasResults, profile: &Profile, info
             );
         }
         let _ = writeln!(w);
-        if let Some(line) = sharing_alone(&aggs) {
+        for line in sharing_alone(&aggs) {
             let _ = writeln!(w, "{line}\n");
         }
         all_goals.extend(goals(shape, &aggs));
@@ -525,9 +531,10 @@ mod tests {
         assert!(doc.contains("| many groups | 3 replicas | hit ratio >= 0.95x one replica's | 0.800 vs 0.910 = 0.88x | **FAIL** |"));
         assert!(
             doc.contains(
-                "The tree's sharing alone (`3 replicas` against `3 replicas, tree not shared`, \
-             the same processes): decision p50 30.0 vs 15.0 us, p99 39.8 vs 19.9 us (2.00x); \
-             hit ratio 0.800 vs 0.700; TTFT p95 900 vs 1400 ms."
+                "What `--disable-shared-tree` turns off (`3 replicas` against `3 replicas, tree \
+             not shared`, the same processes): decision p50 30.0 vs 15.0 us, p99 39.8 vs \
+             19.9 us (2.00x); hit ratio 0.800 vs 0.700; TTFT p50 225 vs 350 ms, p95 900 vs \
+             1400 ms."
             ),
             "{doc}"
         );
