@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sglang_envoy_e2e::{free_port, fresh_dir, redis, FrontDoor, SimWorker, Stack, StackOptions};
+use sglang_envoy_e2e::{
+    free_port, fresh_dir, redis, FrontDoor, Proc, SimWorker, Stack, StackOptions,
+};
 
 /// Client tasks sending at once, spread over both Envoys.
 const CLIENTS: usize = 8;
@@ -271,6 +273,60 @@ async fn three_control_planes_lose_one_and_no_request_notices() {
     }
 }
 
+/// Two control planes sharing a real Redis, each behind an Envoy of its
+/// own that reaches only it, so which one decides is known: the first
+/// with `workers` simulated workers, the second with none until it takes
+/// them from the store. `None` where the pass cannot run it.
+struct Pair {
+    store: Proc,
+    first: Stack,
+    second: Stack,
+}
+
+async fn two_control_planes(
+    tag: &str,
+    workers: usize,
+    policy: &str,
+    more_args: &[&str],
+) -> Option<Pair> {
+    if redis::missing() {
+        return None;
+    }
+    if FrontDoor::current() == FrontDoor::Picker {
+        eprintln!("skipped: the picker pass runs one control plane per gateway");
+        return None;
+    }
+    let tag = format!("{tag}-{}", std::process::id());
+    let dir = fresh_dir(&tag).unwrap();
+    let redis_port = free_port();
+    let store = redis::start(&dir, redis_port, 0);
+    assert!(redis::answers(redis_port).await, "redis never answered");
+    let mut cp_args = redis::fleet_store_flags(redis_port, &tag);
+    cp_args.extend(more_args.iter().map(|a| a.to_string()));
+    let options = |workers: usize| StackOptions {
+        workers,
+        cp_args: cp_args.clone(),
+        policy: policy.into(),
+        ..Default::default()
+    };
+    let first = Stack::start(options(workers)).await.unwrap();
+    let second = Stack::start(options(0)).await.unwrap();
+    for w in &first.workers {
+        assert!(
+            second
+                .wait_marked(&w.url, true, Duration::from_secs(5))
+                .await,
+            "the second control plane never took {} from the store",
+            w.url
+        );
+    }
+    Some(Pair {
+        store,
+        first,
+        second,
+    })
+}
+
 /// The index of the one worker of `workers` whose served count rose from
 /// `before` (`None`: none or several did).
 async fn which_served(workers: &[SimWorker], before: &[u64]) -> Option<usize> {
@@ -304,35 +360,14 @@ async fn route_one(via: &Stack, workers: &[SimWorker], family: usize, turn: usiz
 /// known.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prompt_routed_through_one_control_plane_is_known_to_the_others() {
-    if redis::missing() {
+    let Some(Pair {
+        mut store,
+        first,
+        second,
+    }) = two_control_planes("shared-tree", 4, "cache_aware", &[]).await
+    else {
         return;
-    }
-    if FrontDoor::current() == FrontDoor::Picker {
-        eprintln!("skipped: the picker pass runs one control plane per gateway");
-        return;
-    }
-    let dir = fresh_dir(&format!("shared-tree-{}", std::process::id())).unwrap();
-    let redis_port = free_port();
-    let mut store = redis::start(&dir, redis_port, 0);
-    assert!(redis::answers(redis_port).await, "redis never answered");
-    let store_args =
-        redis::fleet_store_flags(redis_port, &format!("shared-tree-{}", std::process::id()));
-    let options = |workers: usize| StackOptions {
-        workers,
-        cp_args: store_args.clone(),
-        ..Default::default()
     };
-    let first = Stack::start(options(4)).await.unwrap();
-    let second = Stack::start(options(0)).await.unwrap();
-    for w in &first.workers {
-        assert!(
-            second
-                .wait_marked(&w.url, true, Duration::from_secs(5))
-                .await,
-            "the second control plane never took {} from the store",
-            w.url
-        );
-    }
     const SHARED: usize = 8;
     let mut homes = Vec::with_capacity(SHARED);
     for family in 0..SHARED {
@@ -397,40 +432,23 @@ async fn which_received(workers: &[SimWorker], before: &[usize]) -> Option<usize
 /// nothing and (load reports off) has no other way to know.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_busy_with_one_control_planes_requests_is_avoided_by_the_others() {
-    if redis::missing() {
-        return;
-    }
-    if FrontDoor::current() == FrontDoor::Picker {
-        eprintln!("skipped: the picker pass runs one control plane per gateway");
-        return;
-    }
-    let dir = fresh_dir(&format!("shared-loads-{}", std::process::id())).unwrap();
-    let redis_port = free_port();
-    let mut store = redis::start(&dir, redis_port, 0);
-    assert!(redis::answers(redis_port).await, "redis never answered");
-    let mut cp_args =
-        redis::fleet_store_flags(redis_port, &format!("shared-loads-{}", std::process::id()));
     // Only the shared counts can tell the second control plane; the
     // policy that weighs every request in flight (cache_aware looks at
     // loads only past its imbalance thresholds).
-    cp_args.push("--disable-load-monitoring".into());
-    let options = |workers: usize| StackOptions {
-        workers,
-        cp_args: cp_args.clone(),
-        policy: "cost_aware".into(),
-        ..Default::default()
+    let Some(Pair {
+        mut store,
+        first,
+        second,
+    }) = two_control_planes(
+        "shared-loads",
+        2,
+        "cost_aware",
+        &["--disable-load-monitoring"],
+    )
+    .await
+    else {
+        return;
     };
-    let first = Stack::start(options(2)).await.unwrap();
-    let second = Stack::start(options(0)).await.unwrap();
-    for w in &first.workers {
-        assert!(
-            second
-                .wait_marked(&w.url, true, Duration::from_secs(5))
-                .await,
-            "the second control plane never took {} from the store",
-            w.url
-        );
-    }
     let busy = &first.workers[0];
     // Its answers take 0.2 s a token: 4 s for 20 tokens.
     busy.configure(json!({"decode_us_per_token": 200_000}))

@@ -222,8 +222,10 @@ pub fn render(w: &mut String, results: &ReplicasResults, profile: &Profile, info
          is one plain control plane, no Redis; the others share one \
          `redis-server` (started per run, nothing kept on disk) through \
          `--fleet-store-url` with a key prefix of their own, which shares the \
-         worker list and the approximate tree's inserts; `tree not shared` \
-         adds `--disable-shared-tree`, which shows what sharing the tree buys. \
+         worker list, the approximate tree's inserts and the requests in \
+         flight; `tree not shared` adds `--disable-shared-tree` and `loads \
+         not shared` `--disable-shared-loads`, which show what each sharing \
+         buys. \
          TTFT and the hit ratio (the workers' cached over prompt tokens) are \
          means over the seeds of each run's; `decision` is the control \
          planes' `sgl_router_decision_duration_seconds` read from each one's \
