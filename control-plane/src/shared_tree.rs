@@ -100,6 +100,17 @@ pub fn shared_tree(url: &str, prefix: &str) -> Result<(TreeOutbox, TreeSync), re
 }
 
 impl TreeSync {
+    /// Takes the queued inserts without writing them anywhere; how many.
+    /// For a bench of the request path alone, which must keep the queue
+    /// from filling (a full queue drops inserts, which costs less).
+    pub fn discard_queued(&mut self) -> usize {
+        let mut n = 0;
+        while self.rx.try_recv().is_ok() {
+            n += 1;
+        }
+        n
+    }
+
     /// Shares `engine`'s tree inserts for as long as the process runs.
     pub async fn run(mut self, engine: Arc<Engine>) {
         let mut batch = Vec::with_capacity(QUEUE);
