@@ -31,7 +31,7 @@ use redis::AsyncCommands as _;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::engine::Engine;
+use crate::metrics::Metrics;
 use crate::store_link::{timed, StoreError, StoreLink};
 
 /// Decisions waiting to be written; more are dropped.
@@ -44,6 +44,16 @@ pub const STREAM_LEN: usize = 1024;
 pub const READ_COUNT: usize = 1024;
 /// How often a replica writes its decisions and reads the others'.
 const ROUND: Duration = Duration::from_millis(50);
+
+/// What the others' inserts are taught to: the engine's trees
+/// ([`crate::engine::Engine`] implements it).
+pub trait Learner: Send + Sync {
+    /// Another control plane sent `text` to the unit named `unit`; `false`
+    /// when no such unit is registered here.
+    fn learn_shared(&self, unit: &str, text: &[u8]) -> bool;
+    /// Where the shared inserts are counted.
+    fn metrics(&self) -> &Metrics;
+}
 
 /// One decision to tell the other replicas.
 #[derive(Debug)]
@@ -112,14 +122,14 @@ impl TreeSync {
     }
 
     /// Shares `engine`'s tree inserts for as long as the process runs.
-    pub async fn run(mut self, engine: Arc<Engine>) {
+    pub async fn run(mut self, engine: Arc<dyn Learner>) {
         let mut batch = Vec::with_capacity(QUEUE);
         loop {
             tokio::time::sleep(ROUND).await;
             while let Ok(insert) = self.rx.try_recv() {
                 batch.push(insert);
             }
-            let result = self.round(&batch, &engine).await;
+            let result = self.round(&batch, engine.as_ref()).await;
             // Written or not, a round's decisions are not kept: while the
             // store is down the queue would only fill with stale ones.
             if result.is_err() {
@@ -143,7 +153,7 @@ impl TreeSync {
 
     /// One exchange: write `batch`, then read and apply what the others
     /// wrote since the last round.
-    async fn round(&mut self, batch: &[Insert], engine: &Engine) -> Result<(), StoreError> {
+    async fn round(&mut self, batch: &[Insert], engine: &dyn Learner) -> Result<(), StoreError> {
         let mut conn = self.link.conn().await?;
         let metrics = engine.metrics();
         if !batch.is_empty() {

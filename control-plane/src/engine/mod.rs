@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 use crate::pd::{self, PrefillDispatcher, RidSource};
 use crate::policy::Policy;
 use crate::retry::{self, RetryOptions};
-use crate::shared_tree::TreeOutbox;
+use crate::shared_tree::{Learner, TreeOutbox};
 use crate::tickets::Tickets;
 use crate::workers::{
     AddressError, AddressPolicy, HealthChecker, Registry, RegistryError, Role, Worker,
@@ -173,17 +173,6 @@ impl Engine {
     pub fn with_shared_tree(mut self, outbox: TreeOutbox) -> Self {
         self.shared_tree = Some(outbox);
         self
-    }
-
-    /// Another control plane sent `text` to the unit named `unit`: its
-    /// role's policy records it (if it keeps a tree). `false` when no such
-    /// unit is registered here.
-    pub fn learn_shared(&self, unit: &str, text: &[u8]) -> bool {
-        let Some(worker) = self.registry.get(unit) else {
-            return false;
-        };
-        self.policies.of(worker.role()).learn(&worker, text);
-        true
     }
 
     /// Tells the other control planes that `policy` just recorded `text`
@@ -512,6 +501,21 @@ impl Engine {
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         self.tickets.open_count()
+    }
+}
+
+impl Learner for Engine {
+    /// The unit's role's policy records it (if it keeps a tree).
+    fn learn_shared(&self, unit: &str, text: &[u8]) -> bool {
+        let Some(worker) = self.registry.get(unit) else {
+            return false;
+        };
+        self.policies.of(worker.role()).learn(&worker, text);
+        true
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 
