@@ -11,40 +11,61 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use sglang_envoy_bench::fixture::{self, Fixture};
-use sglang_envoy_bench::params::profile_from_env;
+use sglang_envoy_bench::params::{profile_from_env, EngineParams};
 use sglang_envoy_control_plane::shared_tree::shared_tree;
 
 /// The control plane's allocator (see its `main.rs`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn decision(c: &mut Criterion) {
-    let p = profile_from_env().engine;
-    let mut group = c.benchmark_group("decision");
+/// A group of decision benches, with the timing every one of them uses.
+fn group<'a>(
+    c: &'a mut Criterion,
+    name: &str,
+) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
+    let mut group = c.benchmark_group(name);
     group
         .sample_size(30)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
+    group
+}
+
+/// The fixture of `workers` workers (a bench cannot go on without it).
+fn fixture_of(p: &EngineParams, workers: usize) -> Fixture {
+    match Fixture::cache_aware(p, workers) {
+        Ok(fx) => fx,
+        Err(e) => panic!("building the {workers}-worker fixture: {e:#}"),
+    }
+}
+
+/// One bench per prompt size of `p`: `fx`'s engine deciding prompts of
+/// that size that continue its stored conversations, named `name`/size.
+fn each_size(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    p: &EngineParams,
+    fx: &Fixture,
+    name: &str,
+) {
+    for &size in &p.prompt_bytes {
+        let mut prompts = fx.prompts(size);
+        group.throughput(Throughput::Bytes(size as u64));
+        group.bench_with_input(BenchmarkId::new(name, size), &size, |b, _| {
+            b.iter_batched(
+                || fixture::request(prompts.next_prompt()),
+                |req| fx.engine.route(&req),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+}
+
+fn decision(c: &mut Criterion) {
+    let p = profile_from_env().engine;
+    let mut group = group(c, "decision");
     for &workers in &p.workers {
-        let fx = match Fixture::cache_aware(&p, workers) {
-            Ok(fx) => fx,
-            Err(e) => panic!("building the {workers}-worker fixture: {e:#}"),
-        };
-        for &size in &p.prompt_bytes {
-            let mut prompts = fx.prompts(size);
-            group.throughput(Throughput::Bytes(size as u64));
-            group.bench_with_input(
-                BenchmarkId::new(format!("{workers}w"), size),
-                &size,
-                |b, _| {
-                    b.iter_batched(
-                        || fixture::request(prompts.next_prompt()),
-                        |req| fx.engine.route(&req),
-                        BatchSize::SmallInput,
-                    )
-                },
-            );
-        }
+        let fx = fixture_of(&p, workers);
+        each_size(&mut group, &p, &fx, &format!("{workers}w"));
     }
     group.finish();
 }
@@ -55,11 +76,7 @@ fn decision(c: &mut Criterion) {
 /// sync task would, so that no insert is dropped.
 fn decision_shared_tree(c: &mut Criterion) {
     let p = profile_from_env().engine;
-    let mut group = c.benchmark_group("decision_shared_tree");
-    group
-        .sample_size(30)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2));
+    let mut group = group(c, "decision_shared_tree");
     // The engine goal's fleet (docs/benchmarks.md, scenario 3).
     let workers = if p.workers.contains(&64) {
         64
@@ -67,10 +84,7 @@ fn decision_shared_tree(c: &mut Criterion) {
         p.workers[0]
     };
     for shared in [false, true] {
-        let mut fx = match Fixture::cache_aware(&p, workers) {
-            Ok(fx) => fx,
-            Err(e) => panic!("building the {workers}-worker fixture: {e:#}"),
-        };
+        let mut fx = fixture_of(&p, workers);
         let stop = Arc::new(AtomicBool::new(false));
         let drainer = if shared {
             let (outbox, mut sync) = shared_tree("redis://127.0.0.1:1/0", "bench")
@@ -86,22 +100,8 @@ fn decision_shared_tree(c: &mut Criterion) {
         } else {
             None
         };
-        for &size in &p.prompt_bytes {
-            let mut prompts = fx.prompts(size);
-            group.throughput(Throughput::Bytes(size as u64));
-            let name = if shared { "shared" } else { "alone" };
-            group.bench_with_input(
-                BenchmarkId::new(format!("{workers}w {name}"), size),
-                &size,
-                |b, _| {
-                    b.iter_batched(
-                        || fixture::request(prompts.next_prompt()),
-                        |req| fx.engine.route(&req),
-                        BatchSize::SmallInput,
-                    )
-                },
-            );
-        }
+        let name = if shared { "shared" } else { "alone" };
+        each_size(&mut group, &p, &fx, &format!("{workers}w {name}"));
         stop.store(true, Ordering::Relaxed);
         if let Some(d) = drainer {
             let _ = d.join();

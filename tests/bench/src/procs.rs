@@ -489,6 +489,24 @@ async fn start_peer(
     })
 }
 
+/// This project's control plane `name` with `args`, once its admin port
+/// `admin` answers `/health`.
+pub async fn start_control_plane(
+    paths: &Paths,
+    name: &str,
+    args: &[String],
+    admin: u16,
+) -> anyhow::Result<Proc> {
+    let mut cp = Proc::spawn(name, &paths.control_plane, args, &paths.run_dir)?;
+    wait_ok(
+        &format!("http://127.0.0.1:{admin}/health"),
+        Duration::from_secs(30),
+        &mut [&mut cp],
+    )
+    .await?;
+    Ok(cp)
+}
+
 async fn start_ours(
     paths: &Paths,
     template_path: &str,
@@ -513,18 +531,7 @@ async fn start_ours(
     let policy = policy.split_whitespace().collect::<Vec<_>>().join("_");
     let policy = policy.as_str();
     args.extend_from_slice(fleet_args);
-    let mut cp = Proc::spawn(
-        &format!("{tag}-cp-{policy}"),
-        &paths.control_plane,
-        &args,
-        &paths.run_dir,
-    )?;
-    wait_ok(
-        &format!("http://127.0.0.1:{admin}/health"),
-        Duration::from_secs(30),
-        &mut [&mut cp],
-    )
-    .await?;
+    let mut cp = start_control_plane(paths, &format!("{tag}-cp-{policy}"), &args, admin).await?;
 
     let (port, envoy_admin) = (free_port()?, free_port()?);
     // Rendered by envoy/render.sh, the one place the placeholders are

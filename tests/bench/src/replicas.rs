@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::envoy;
 use crate::loadgen;
 use crate::params::{Contender, Profile, QUALITY_OURS, QUALITY_SEEDS};
-use crate::procs::{free_port, wait_ok, Paths, Proc};
+use crate::procs::{free_port, start_control_plane, wait_ok, Paths, Proc};
 use crate::prom::{self, Histogram};
 use crate::quality::{summarise, QualityRow, Workers};
 use crate::shapes::{self, Shape};
@@ -433,18 +433,7 @@ async fn cell(
     for i in 0..setup.replicas {
         let (admin, grpc) = (free_port()?, free_port()?);
         let args = control_plane_args(setup, &fleet, store, admin, grpc);
-        let mut proc = Proc::spawn(
-            &format!("{tag}-cp-{i}"),
-            &paths.control_plane,
-            &args,
-            &paths.run_dir,
-        )?;
-        wait_ok(
-            &format!("http://127.0.0.1:{admin}/health"),
-            Duration::from_secs(30),
-            &mut [&mut proc],
-        )
-        .await?;
+        let proc = start_control_plane(paths, &format!("{tag}-cp-{i}"), &args, admin).await?;
         cps.push(ControlPlane { proc, admin, grpc });
     }
 
