@@ -151,13 +151,11 @@ impl StoreSync {
     /// Logs when the store is lost or found again, not every round.
     fn report(&mut self, result: Result<(), StoreError>) {
         self.metrics.fleet_store(&self.store.prefix, result.is_ok());
-        match (self.link.settle(&result), result) {
-            (Some(true), _) => info!("fleet store reached: the worker list is shared"),
-            (Some(false), Err(e)) => {
-                warn!(error = %e, "fleet store unreachable: routing on this replica's worker list until it is back")
-            }
-            _ => {}
-        }
+        self.link.report(
+            &result,
+            "the worker list is shared",
+            "routing on this replica's worker list",
+        );
     }
 
     /// One exchange: connect if needed, join, push the outbox, and apply

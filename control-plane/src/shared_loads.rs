@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands as _;
-use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::store_link::{timed, StoreError, StoreLink};
@@ -77,13 +76,11 @@ impl SharedLoads {
                     }
                 }
             }
-            match (self.link.settle(&result), result) {
-                (Some(true), _) => info!("fleet store reached: requests in flight are shared"),
-                (Some(false), Err(e)) => {
-                    warn!(error = %e, "fleet store unreachable: routing on this replica's counts until it is back")
-                }
-                _ => {}
-            }
+            self.link.report(
+                &result,
+                "requests in flight are shared",
+                "routing on this replica's counts",
+            );
         }
     }
 

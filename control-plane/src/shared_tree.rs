@@ -29,7 +29,6 @@ use std::time::Duration;
 use redis::streams::{StreamMaxlen, StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands as _;
 use tokio::sync::mpsc;
-use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::store_link::{timed, StoreError, StoreLink};
@@ -129,31 +128,26 @@ impl TreeSync {
             while let Ok(insert) = self.rx.try_recv() {
                 batch.push(insert);
             }
-            let result = self.round(&batch, engine.as_ref()).await;
-            // Written or not, a round's decisions are not kept: while the
+            let result = self.round(&mut batch, engine.as_ref()).await;
+            // What a failed round did not write is not kept: while the
             // store is down the queue would only fill with stale ones.
-            if result.is_err() {
-                engine.metrics().shared_tree("dropped", batch.len() as u64);
-            }
+            engine.metrics().shared_tree("dropped", batch.len() as u64);
             batch.clear();
-            self.report(result);
+            self.link.report(
+                &result,
+                "the approximate trees are shared",
+                "each tree learns only this replica's choices",
+            );
         }
     }
 
-    /// Logs when the store is lost or found again, not every round.
-    fn report(&mut self, result: Result<(), StoreError>) {
-        match (self.link.settle(&result), result) {
-            (Some(true), _) => info!("fleet store reached: the approximate trees are shared"),
-            (Some(false), Err(e)) => {
-                warn!(error = %e, "fleet store unreachable: each tree learns only this replica's choices until it is back")
-            }
-            _ => {}
-        }
-    }
-
-    /// One exchange: write `batch`, then read and apply what the others
-    /// wrote since the last round.
-    async fn round(&mut self, batch: &[Insert], engine: &dyn Learner) -> Result<(), StoreError> {
+    /// One exchange: write `batch` (emptied once written), then read and
+    /// apply what the others wrote since the last round.
+    async fn round(
+        &mut self,
+        batch: &mut Vec<Insert>,
+        engine: &dyn Learner,
+    ) -> Result<(), StoreError> {
         let mut conn = self.link.conn().await?;
         let metrics = engine.metrics();
         if !batch.is_empty() {
@@ -169,6 +163,7 @@ impl TreeSync {
             }
             timed(pipe.query_async::<()>(&mut conn)).await?;
             metrics.shared_tree("sent", batch.len() as u64);
+            batch.clear();
         }
         let options = StreamReadOptions::default().count(READ_COUNT);
         let reply: Option<StreamReadReply> = timed(conn.xread_options(

@@ -5,6 +5,7 @@
 //! logged.
 
 use redis::aio::MultiplexedConnection;
+use tracing::{info, warn};
 
 /// Longest wait for one exchange with the store (connect included).
 pub const OP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -58,10 +59,23 @@ impl StoreLink {
         Ok(c)
     }
 
+    /// Takes a round's `result` and logs only a change: the store just
+    /// reached (`shared`: what is shared now) or just lost (`meanwhile`:
+    /// what this replica does until it is back).
+    pub fn report<T>(&mut self, result: &Result<T, StoreError>, shared: &str, meanwhile: &str) {
+        match (self.settle(result), result) {
+            (Some(true), _) => info!("fleet store reached: {shared}"),
+            (Some(false), Err(e)) => {
+                warn!(error = %e, "fleet store unreachable: {meanwhile} until it is back")
+            }
+            _ => {}
+        }
+    }
+
     /// Takes a round's `result` (a failure drops the connection); the
     /// store's new state when it differs from the last round's: what is
     /// worth a log line.
-    pub fn settle<T>(&mut self, result: &Result<T, StoreError>) -> Option<bool> {
+    fn settle<T>(&mut self, result: &Result<T, StoreError>) -> Option<bool> {
         let up = result.is_ok();
         if !up {
             self.conn = None;
