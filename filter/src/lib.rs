@@ -11,7 +11,9 @@
 //!
 //! While the control plane cannot be reached, requests keep flowing: the root
 //! context polls the list of healthy workers (`fallback.rs`) and a stream
-//! whose routing question fails picks one of them in turn.
+//! whose routing question fails picks one of them in turn. Once the
+//! control plane refuses a call, requests stop calling it until a probe
+//! finds it back (`reach.rs`).
 //!
 //! Nothing here may panic: a panic kills the wasm VM for every request that
 //! follows on this Envoy worker thread.
@@ -28,6 +30,7 @@ pub mod fallback;
 pub mod holds;
 pub mod host;
 pub mod http;
+pub mod reach;
 pub mod reply;
 pub mod root;
 pub mod session;

@@ -21,6 +21,7 @@ use crate::fallback::Fallback;
 use crate::holds::Holds;
 use crate::host;
 use crate::http::{Request, RequestContext, Shared};
+use crate::reach::Reach;
 use crate::reply::send_reply_for;
 use crate::session::{self, Session, Wait};
 
@@ -67,6 +68,7 @@ impl Root {
                 fallback: Fallback::default(),
                 body_waits: BodyWaits::default(),
                 session: Session::new(context_id),
+                reach: Reach::default(),
                 contexts: Contexts::default(),
                 call_owners: CallOwners::default(),
                 holds: Holds::default(),
@@ -90,6 +92,8 @@ impl Context for Root {
         }
         if self.workers_call == Some(token_id) {
             self.workers_call = None;
+            let now = self.get_current_time();
+            self.shared.reach.call_ended(Some(status_code), now);
             if status_code == 0 {
                 let bytes = self
                     .get_grpc_call_response_body(0, size)
@@ -112,8 +116,14 @@ impl Context for Root {
         }
         match self.in_flight.take() {
             Some((token, batch)) if token == token_id => {
+                let reach = &self.shared.reach;
+                reach.call_ended(Some(status_code), self.get_current_time());
                 if status_code != 0 {
-                    warn!("reporting completions failed (grpc status {status_code}); will retry");
+                    if !reach.is_refused() {
+                        warn!(
+                            "reporting completions failed (grpc status {status_code}); will retry"
+                        );
+                    }
                     self.shared.queue.requeue(batch);
                 }
             }
@@ -132,6 +142,7 @@ impl Context for Root {
         if entries > 0 {
             let now = self.get_current_time();
             self.shared.session.confirmed(token_id, now);
+            self.shared.reach.answered(now);
         }
     }
 
@@ -294,6 +305,9 @@ impl Root {
         if self.in_flight.is_some() || self.shared.queue.is_empty() {
             return;
         }
+        if !self.shared.reach.allows(self.get_current_time()) {
+            return;
+        }
         let report = CompleteRequest {
             completions: self.shared.queue.take(REPORT_BATCH),
         };
@@ -309,6 +323,7 @@ impl Root {
             Ok(token) => self.in_flight = Some((token, report.completions)),
             Err(status) => {
                 warn!("cannot dispatch completion report: {status:?}");
+                self.shared.reach.call_ended(None, self.get_current_time());
                 self.shared.queue.requeue(report.completions);
             }
         }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use log::warn;
+use log::{debug, warn};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use sglang_envoy_lifecycle::{wire, LocalReply, Question, Step, Unrouted};
@@ -100,8 +100,15 @@ impl Request {
     }
 
     /// Calls `method` of the control plane with `message`; false when it
-    /// cannot be sent.
+    /// cannot be sent, or, for a question or a report, when the control
+    /// plane refused a call lately (`reach.rs`: the outage fallback then
+    /// goes on without the failed call). A prefill or admission wait
+    /// follows an answer, so it is always tried.
     fn call(&mut self, method: &str, message: &[u8], timeout: Duration, call: Call) -> bool {
+        let optional = matches!(call, Call::Route | Call::End | Call::Outcome);
+        if optional && !self.shared.reach.allows(self.get_current_time()) {
+            return false;
+        }
         let sent = self.dispatch_grpc_call(
             &self.shared.config.control_plane_cluster,
             SERVICE_NAME,
@@ -117,6 +124,7 @@ impl Request {
             }
             Err(status) => {
                 warn!("cannot call {method} on the control plane: {status:?}");
+                self.shared.reach.call_ended(None, self.get_current_time());
                 false
             }
         }
@@ -253,6 +261,10 @@ impl Request {
     /// A call answered: `grpc_status` of a gRPC call (`None` for the HTTP
     /// call of the outage prefill), its answer `size` bytes long.
     pub(super) fn answered(&mut self, call: Call, grpc_status: Option<u32>, size: usize) {
+        if grpc_status.is_some() {
+            let now = self.get_current_time();
+            self.shared.reach.call_ended(grpc_status, now);
+        }
         match call {
             Call::LocalPrefill => {
                 let outcome = self.local_prefill_outcome(size);
@@ -267,7 +279,7 @@ impl Request {
             Call::End => {
                 let end = self.end_on_call.take();
                 if grpc_status != Some(0) {
-                    warn!(
+                    debug!(
                         "reporting the end of {} failed; it goes in the next batch",
                         self.lc.path()
                     );
@@ -333,7 +345,14 @@ impl Request {
         size: usize,
     ) -> Option<Result<M, LocalReply>> {
         if grpc_status != Some(0) {
-            warn!(
+            // An outage was logged once, when it began (`reach.rs`).
+            let level = if self.shared.reach.is_refused() {
+                log::Level::Debug
+            } else {
+                log::Level::Warn
+            };
+            log::log!(
+                level,
                 "control plane call for {} ended with grpc status {grpc_status:?}",
                 self.lc.path()
             );

@@ -47,7 +47,14 @@ impl Request {
             }
         }
         let endpoints = choice.endpoints.join(",");
-        warn!(
+        // In an outage, once when it began (`reach.rs`), not per request.
+        let level = if self.shared.reach.is_refused() {
+            log::Level::Debug
+        } else {
+            log::Level::Warn
+        };
+        log::log!(
+            level,
             "control plane unavailable; {} -> {endpoints} (local fallback)",
             self.lc.path()
         );

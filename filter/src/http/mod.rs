@@ -33,6 +33,7 @@ use crate::contexts::{CallOwners, Contexts};
 use crate::fallback::Fallback;
 use crate::holds::Holds;
 use crate::host::{end_facts, EnvoyRequest};
+use crate::reach::Reach;
 use crate::reply::send_reply;
 use crate::session::Session;
 
@@ -53,6 +54,8 @@ pub struct Shared {
     pub body_waits: BodyWaits,
     /// The stream to the control plane.
     pub session: Session,
+    /// Whether the control plane takes calls (an outage skips them).
+    pub reach: Reach,
     /// The live requests, for the root context to act for.
     pub contexts: Contexts<Request>,
     /// Which request made each call in flight, for the root context to

@@ -7,6 +7,8 @@
 //!   4 clients, two workers): through the wasm filter and the ext_proc front
 //!   door alike, no request fails, at least 200 are served while the
 //!   control plane is down, each worker serves at least a quarter of them,
+//!   the wasm filter tries the dead control plane at most 80 times and
+//!   logs at most 80 lines (not once or thrice per request),
 //!   and the restarted control plane routes again, knows the worker added at
 //!   run time (from its state file) and counts loads back to zero.
 //! - `pd_fleet_keeps_serving_while_the_control_plane_is_down` (5 s down,
@@ -35,6 +37,15 @@ const SERVED_IN_TEN_SECONDS: u64 = 200;
 /// PD requests served during the 5 s outage through the wasm filter, at
 /// least (3 clients; each request is two exchanges and a KV handshake).
 const PD_SERVED_IN_FIVE_SECONDS: u64 = 50;
+
+/// Envoy's count of connections opened (or tried) to the control plane.
+const CONTROL_PLANE_CONNECTIONS: &str = "cluster.sglang_control_plane.upstream_cx_total";
+/// Connections the wasm filter's one VM may try to a dead control plane
+/// in 10 s, at most (43 measured): its session reopens and its probes each back off from
+/// 100 ms to 2 s (9 tries each in 10 s), the worker list is asked every
+/// second (10), and Envoy's own xDS stream retries a few times. A filter
+/// that called once per request would try at least 200 times.
+const MAX_TRIES_IN_TEN_SECONDS: u64 = 80;
 
 /// Waits until the outage fallback knows the fleet: the wasm filter has
 /// fetched the control plane's list of healthy workers since this call, or
@@ -159,6 +170,8 @@ async fn ten_seconds_without_the_control_plane_fail_no_request() {
         failed.load(Ordering::Relaxed)
     );
     let before_outage = ok.load(Ordering::Relaxed);
+    let attempts_before = stack.envoy_stat(CONTROL_PLANE_CONNECTIONS).await;
+    let log_before = stack.envoy_log().len();
     stack.kill_control_plane();
     let served_before: Vec<u64> = vec![stack.workers[0].served().await, added.served().await];
     // The outage: ten seconds, however many requests they hold.
@@ -168,6 +181,15 @@ async fn ten_seconds_without_the_control_plane_fail_no_request() {
         stack.workers[0].served().await - served_before[0],
         added.served().await - served_before[1],
     ];
+    let attempts = stack.envoy_stat(CONTROL_PLANE_CONNECTIONS).await;
+    let attempts = attempts.unwrap_or(0) - attempts_before.unwrap_or(0);
+    let filter_warnings = stack
+        .envoy_log()
+        .get(log_before..)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("wasm log"))
+        .count();
     stack.restart_control_plane().await.unwrap();
     // The restarted control plane routes the load again (the filter's
     // session comes back within 2 s; ext_proc opens a stream per request).
@@ -181,7 +203,10 @@ async fn ten_seconds_without_the_control_plane_fail_no_request() {
         failures.extend(c.await.unwrap());
     }
 
-    eprintln!("{during} served during the outage, by worker {served_during:?}");
+    eprintln!(
+        "{during} served during the outage, by worker {served_during:?}; \
+         {attempts} connections tried to the control plane, {filter_warnings} filter log lines"
+    );
     assert!(
         failures.is_empty(),
         "{} failed: {:?}",
@@ -196,6 +221,19 @@ async fn ten_seconds_without_the_control_plane_fail_no_request() {
         served_during.iter().all(|&n| n >= during / 4),
         "the fallback spreads over both workers: {served_during:?}"
     );
+    if FrontDoor::current() == FrontDoor::Wasm {
+        // The filter stops calling a control plane that refused: its tries
+        // follow its backoff, not the requests (each of which used to make
+        // a call, and write three warnings, of its own).
+        assert!(
+            attempts <= MAX_TRIES_IN_TEN_SECONDS,
+            "{attempts} connections tried to the dead control plane while {during} requests were served"
+        );
+        assert!(
+            filter_warnings <= MAX_TRIES_IN_TEN_SECONDS as usize,
+            "{filter_warnings} filter log lines while {during} requests were served"
+        );
+    }
     assert!(
         routed_again,
         "the restarted control plane routed {} requests",
