@@ -338,7 +338,8 @@ impl Drop for Exchange {
     /// Reports the request's end, so its load is released however the
     /// stream ended (response done, client gone, Envoy reset, our error).
     fn drop(&mut self) {
-        let Some(completion) = self.lc.end(&self.facts()) else {
+        let facts = self.facts();
+        let Some(completion) = self.lc.end(|| facts) else {
             return;
         };
         debug!(

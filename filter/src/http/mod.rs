@@ -343,7 +343,8 @@ impl HttpContext for Request {
         if let Some(completion) = self.end_on_call.take() {
             self.shared.queue.push(completion);
         }
-        if let Some(completion) = self.lc.end(&end_facts(self.elapsed_us())) {
+        let elapsed_us = self.elapsed_us();
+        if let Some(completion) = self.lc.end(|| end_facts(elapsed_us)) {
             self.report_end(completion, false);
         }
     }
@@ -355,7 +356,8 @@ impl Request {
     /// (`Flow::Wait`) until the control plane has counted it
     /// (`exact_loads`).
     fn answer_sent(&mut self) -> Flow {
-        match self.lc.end(&end_facts(self.elapsed_us())) {
+        let elapsed_us = self.elapsed_us();
+        match self.lc.end(|| end_facts(elapsed_us)) {
             Some(completion) => {
                 let hold = self.shared.config.exact_loads;
                 self.report_end(completion, hold)

@@ -565,12 +565,13 @@ impl Lifecycle {
     /// The request ended: its completion, to report when the control plane
     /// may have counted it and it was not reported yet (a host may report
     /// as the answer's last byte leaves, before the client can ask for the
-    /// loads, and again when the stream is gone).
-    pub fn end(&mut self, facts: &EndFacts) -> Option<Completion> {
+    /// loads, and again when the stream is gone). `facts` are read only
+    /// then: a host pays for each (the filter's are host calls).
+    pub fn end(&mut self, facts: impl FnOnce() -> EndFacts) -> Option<Completion> {
         if self.load != Load::Counted {
             return None;
         }
         self.load = Load::Released;
-        Some(self.completion(facts, false))
+        Some(self.completion(&facts(), false))
     }
 }

@@ -50,7 +50,7 @@ fn sse_is_watched_to_its_end_and_a_hang_up_is_a_cancel() {
         if finish {
             lc.on_response_body(b"data: [DONE]\n\n", true);
         }
-        let c = lc.end(&upstream()).unwrap();
+        let c = lc.end(upstream).unwrap();
         assert_eq!(c.client_cancelled, !finish);
         assert_eq!(c.http_status, 200);
     }
@@ -60,7 +60,7 @@ fn sse_is_watched_to_its_end_and_a_hang_up_is_a_cancel() {
         code_details: Some("upstream_reset_before_response_started".into()),
         ..Default::default()
     };
-    let c = lc.end(&reset).unwrap();
+    let c = lc.end(|| reset).unwrap();
     assert!(!c.client_cancelled && !c.local_reply);
 }
 
@@ -89,7 +89,7 @@ fn the_cached_tokens_reported_go_with_the_end_when_asked_for() {
             lc.on_response_body(&usage[..10], false);
             lc.on_response_body(&usage[10..], true);
         }
-        let c = lc.end(&upstream()).unwrap();
+        let c = lc.end(upstream).unwrap();
         assert_eq!(
             c.cached_tokens,
             want.then_some(48),

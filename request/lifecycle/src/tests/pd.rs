@@ -25,7 +25,7 @@ fn prefill_failure_before_the_head_is_the_clients_error() {
     let mut lc = forwarded(true, false, false);
     assert!(matches!(lc.on_prefill(prefill_failed(0)), PrefillStep::Reply(r) if r.status == 502));
     assert!(lc.replied());
-    let c = lc.end(&EndFacts::default()).unwrap();
+    let c = lc.end(EndFacts::default).unwrap();
     assert!(c.local_reply && !c.client_cancelled);
 }
 
@@ -159,7 +159,7 @@ fn a_local_prefill_whose_outcome_is_lost_does_not_hold_the_answer_for_ever() {
         panic!("the held answer must go on");
     };
     assert_eq!((release.watch, replace), (Watch::Nothing, None));
-    let c = lc.end(&upstream()).unwrap();
+    let c = lc.end(upstream).unwrap();
     assert_eq!((c.http_status, c.client_cancelled), (200, false));
 }
 
@@ -190,7 +190,7 @@ fn a_question_or_admission_never_answered_takes_the_fallback() {
 #[test]
 fn a_client_gone_while_the_prefill_runs_is_a_cancel() {
     let mut lc = forwarded(true, false, false);
-    let c = lc.end(&EndFacts::default()).unwrap();
+    let c = lc.end(EndFacts::default).unwrap();
     assert!(c.client_cancelled);
     assert_eq!((c.ticket, c.http_status), (7, 0));
 }

@@ -15,7 +15,7 @@ fn unusable_heads_are_refused_and_never_reported() {
         };
         assert_eq!(r.status, status, "{method} {path}");
         assert!(lc.replied());
-        assert_eq!(lc.end(&EndFacts::default()), None, "nothing was counted");
+        assert_eq!(lc.end(EndFacts::default), None, "nothing was counted");
     }
     let mut lc = Lifecycle::new(1, settings(false));
     let mut h = head("POST", "/generate", false);
@@ -114,7 +114,7 @@ fn rejections_empty_decisions_and_junk_become_replies() {
         };
         assert_eq!(r.status, status);
         // Asked: the end is reported even though the router replied.
-        let c = lc.end(&EndFacts::default()).unwrap();
+        let c = lc.end(EndFacts::default).unwrap();
         assert_eq!(
             (c.http_status, c.local_reply, c.client_cancelled),
             (u32::from(status), true, false)
@@ -200,7 +200,7 @@ fn tickets_are_distinct_and_never_zero() {
 #[test]
 fn the_end_is_reported_once() {
     let mut lc = forwarded(false, false, false);
-    assert!(lc.end(&EndFacts::default()).is_some());
-    assert_eq!(lc.end(&EndFacts::default()), None, "already reported");
+    assert!(lc.end(EndFacts::default).is_some());
+    assert_eq!(lc.end(EndFacts::default), None, "already reported");
     assert!(lc.asked(), "still a request the control plane counted");
 }
