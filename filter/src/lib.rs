@@ -34,6 +34,7 @@ pub mod reach;
 pub mod reply;
 pub mod root;
 pub mod session;
+pub mod stats;
 
 pub use config::FilterConfig;
 

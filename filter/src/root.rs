@@ -24,6 +24,7 @@ use crate::http::{Request, RequestContext, Shared};
 use crate::reach::Reach;
 use crate::reply::send_reply_for;
 use crate::session::{self, Session, Wait};
+use crate::stats::{Counter, LOCAL_FALLBACKS};
 
 /// Completions sent in one `Complete` call.
 const REPORT_BATCH: usize = 1024;
@@ -69,6 +70,7 @@ impl Root {
                 body_waits: BodyWaits::default(),
                 session: Session::new(context_id),
                 reach: Reach::default(),
+                local_fallbacks: Counter::default(),
                 contexts: Contexts::default(),
                 call_owners: CallOwners::default(),
                 holds: Holds::default(),
@@ -204,6 +206,7 @@ impl RootContext for Root {
                 self.shared.budget = Budget::new(config.max_buffered_bytes);
                 self.shared.config = Rc::new(config);
                 self.set_tick_period(tick);
+                self.shared.local_fallbacks.define(LOCAL_FALLBACKS);
                 true
             }
             Err(e) => {

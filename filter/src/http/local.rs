@@ -47,6 +47,7 @@ impl Request {
             }
         }
         let endpoints = choice.endpoints.join(",");
+        self.shared.local_fallbacks.increment();
         // In an outage, once when it began (`reach.rs`), not per request.
         let level = if self.shared.reach.is_refused() {
             log::Level::Debug

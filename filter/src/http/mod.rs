@@ -36,6 +36,7 @@ use crate::host::{end_facts, EnvoyRequest};
 use crate::reach::Reach;
 use crate::reply::send_reply;
 use crate::session::Session;
+use crate::stats::Counter;
 
 /// What one VM's requests share (built once by the root context).
 #[derive(Clone)]
@@ -56,6 +57,8 @@ pub struct Shared {
     pub session: Session,
     /// Whether the control plane takes calls (an outage skips them).
     pub reach: Reach,
+    /// Requests routed by the filter itself (Envoy's stats).
+    pub local_fallbacks: Counter,
     /// The live requests, for the root context to act for.
     pub contexts: Contexts<Request>,
     /// Which request made each call in flight, for the root context to
