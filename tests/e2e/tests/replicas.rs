@@ -513,3 +513,90 @@ async fn a_worker_busy_with_one_control_planes_requests_is_avoided_by_the_others
     }
     store.kill();
 }
+
+/// The filter VMs' sessions spread evenly over the control planes: Envoy
+/// sends each new session to the replica with the fewest streams open
+/// (least request, counted across its worker threads), not to whichever
+/// one its thread's round robin points at, which left replicas with no
+/// session while another held most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_filters_sessions_spread_evenly_over_the_control_planes() {
+    if redis::missing() || FrontDoor::current() != FrontDoor::Wasm {
+        // Only the wasm filter keeps sessions (ext_proc: a stream a request).
+        return;
+    }
+    let tag = format!("session-spread-{}", std::process::id());
+    let dir = fresh_dir(&tag).unwrap();
+    let redis_port = free_port();
+    let mut store = redis::start(&dir, redis_port, 0);
+    assert!(redis::answers(redis_port).await, "redis never answered");
+    let grpc = [free_port(), free_port(), free_port()];
+    let options = |i: usize, workers: usize, threads: usize| StackOptions {
+        workers,
+        cp_args: redis::fleet_store_flags(redis_port, &tag),
+        cp_grpc_port: Some(grpc[i]),
+        more_control_planes: if i == 0 { grpc[1..].to_vec() } else { vec![] },
+        envoy_concurrency: threads,
+        // The worker list asked for once (at each VM's first tick), not
+        // every second: a list call in flight counts as a stream open on
+        // its replica too.
+        filter_options: r#", "workers_refresh_ms": 600000"#.into(),
+        ..Default::default()
+    };
+    // The other two first, so that every replica is up when the first
+    // Envoy's VMs open their sessions; only the first Envoy is used.
+    let others = [
+        Stack::start(options(1, 0, 1)).await.unwrap(),
+        Stack::start(options(2, 0, 1)).await.unwrap(),
+    ];
+    const THREADS: usize = 6;
+    let stack = Stack::start(options(0, 1, THREADS)).await.unwrap();
+    for other in &others {
+        assert!(
+            other
+                .wait_marked(&stack.workers[0].url, true, Duration::from_secs(5))
+                .await,
+            "a control plane never took the worker from the store"
+        );
+    }
+    // Requests on new connections, one at a time, until every VM (one a
+    // thread, picked by the kernel per connection) has opened its session.
+    // Each is one the filter refuses itself (its body is not JSON), so
+    // that the session is the only stream its VM opens: a first question
+    // asked with a call of its own, still in flight when the session
+    // opens, would count on its replica and could tip the session
+    // elsewhere.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let sessions = || async {
+        let mut each = vec![stack.metric("sgl_router_filter_sessions").await as usize];
+        for other in &others {
+            each.push(other.metric("sgl_router_filter_sessions").await as usize);
+        }
+        each
+    };
+    let started = Instant::now();
+    let mut each = sessions().await;
+    while each.iter().sum::<usize>() < THREADS && started.elapsed() < Duration::from_secs(20) {
+        let r = http
+            .post(stack.url("/generate"))
+            .header("content-type", "application/json")
+            .body("not json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        // Past the VM's next tick (20 ms), which opens its session.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        each = sessions().await;
+    }
+    eprintln!("sessions by control plane: {each:?}");
+    assert_eq!(
+        each,
+        vec![THREADS / 3; 3],
+        "{THREADS} sessions over 3 control planes"
+    );
+    store.kill();
+}
