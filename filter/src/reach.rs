@@ -7,11 +7,14 @@
 //! refused), and each failure cost Envoy more CPU than the request itself
 //! (247 us of CPU a request at 16 clients, against 161 with the control
 //! plane up) and wrote three warnings to Envoy's log. Once a call is
-//! refused, requests here skip the control plane and take the outage
-//! fallback at once; one call a while goes out as a probe (after 100 ms,
-//! doubled after each refused probe up to 2 s, as the session's own
-//! backoff), and the first answer opens the way again. The warnings are
-//! one when the control plane is lost and one when it answers again.
+//! refused, the next call still goes at once: with several control planes,
+//! Envoy ejected the one that refused, so that call reaches another. Once
+//! that one is refused too, requests here skip the control plane and take
+//! the outage fallback at once; one call a while goes out as a probe
+//! (after 100 ms, doubled after each refused probe up to 2 s, as the
+//! session's own backoff), and the first answer opens the way again. The
+//! warnings are one when the control plane is lost and one when it
+//! answers again.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -116,9 +119,11 @@ impl Reach {
                     FIRST_PROBE.as_millis(),
                     MAX_PROBE.as_secs()
                 );
+                // The next call goes at once (another replica may take
+                // it), and the one after waits the first backoff.
                 *state = State::Refused {
                     since: now,
-                    probe_at: now + FIRST_PROBE,
+                    probe_at: now,
                     backoff: FIRST_PROBE,
                     skipped: 0,
                 };
@@ -127,9 +132,9 @@ impl Reach {
                 probe_at, backoff, ..
             } => {
                 // A refused probe (or a call sent before the first refusal
-                // came back): wait longer before the next.
-                *backoff = (*backoff * 2).min(MAX_PROBE);
+                // came back): wait, and longer the next time.
                 *probe_at = (*probe_at).max(now + *backoff);
+                *backoff = (*backoff * 2).min(MAX_PROBE);
             }
         }
     }
@@ -160,26 +165,33 @@ mod tests {
         assert!(reach.allows(at(4)));
         reach.call_ended(Some(UNAVAILABLE), at(5));
         assert!(reach.is_refused());
-        assert!(!reach.allows(at(6)));
-        assert!(!reach.allows(at(104)));
+        // One more call at once, for another replica to take...
+        assert!(reach.allows(at(6)));
+        // ...and no other until the first probe is due.
+        assert!(!reach.allows(at(7)));
+        assert!(!reach.allows(at(105)));
+        assert!(reach.allows(at(106)));
     }
 
     #[test]
     fn one_probe_per_wait_and_the_wait_doubles_while_refused() {
         let reach = Reach::default();
         reach.call_ended(Some(UNAVAILABLE), at(0));
-        // The first probe is due 100 ms after the refusal; only one goes.
-        assert!(reach.allows(at(100)));
+        assert!(reach.allows(at(0)));
+        reach.call_ended(Some(UNAVAILABLE), at(2));
+        // Refused twice: the first probe is due 100 ms later; only one goes.
         assert!(!reach.allows(at(101)));
-        reach.call_ended(Some(UNAVAILABLE), at(102));
+        assert!(reach.allows(at(102)));
+        assert!(!reach.allows(at(103)));
+        reach.call_ended(Some(UNAVAILABLE), at(104));
         // Refused again: the next is due 200 ms later.
         assert!(!reach.allows(at(250)));
-        assert!(reach.allows(at(302)));
-        reach.call_ended(None, at(303));
+        assert!(reach.allows(at(304)));
+        reach.call_ended(None, at(305));
         assert!(!reach.allows(at(600)));
-        assert!(reach.allows(at(703)));
+        assert!(reach.allows(at(705)));
         // It goes on doubling, and stops growing at 2 s.
-        let (mut now, mut wait) = (703, 400);
+        let (mut now, mut wait) = (705, 400);
         for _ in 0..10 {
             reach.call_ended(Some(DEADLINE_EXCEEDED), at(now));
             wait = (wait * 2).min(2_000);
@@ -194,13 +206,16 @@ mod tests {
     fn any_answer_opens_the_gate() {
         let reach = Reach::default();
         reach.call_ended(Some(UNAVAILABLE), at(0));
+        assert!(reach.allows(at(1)));
         assert!(!reach.allows(at(50)));
         reach.answered(at(60));
         assert!(!reach.is_refused());
         assert!(reach.allows(at(61)));
         // Refused again later: back to the first wait, not the longest.
         reach.call_ended(Some(UNAVAILABLE), at(5_000));
-        assert!(!reach.allows(at(5_099)));
-        assert!(reach.allows(at(5_100)));
+        assert!(reach.allows(at(5_000)));
+        reach.call_ended(Some(UNAVAILABLE), at(5_001));
+        assert!(!reach.allows(at(5_100)));
+        assert!(reach.allows(at(5_101)));
     }
 }
