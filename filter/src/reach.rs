@@ -1,5 +1,6 @@
-//! Whether the control plane takes calls, so that an outage does not cost
-//! every request a failed call.
+//! Whether the control plane answers, so that an outage does not cost
+//! every request a failed call, nor a hung control plane every request
+//! its whole deadline.
 //!
 //! While the session stream is down, a request asks with a unary call and
 //! its end is reported with another. With the control plane gone, each of
@@ -15,6 +16,13 @@
 //! session's own backoff), and the first answer opens the way again. The
 //! warnings are one when the control plane is lost and one when it
 //! answers again.
+//!
+//! A hung control plane (its process frozen, its host dropping packets)
+//! keeps the session stream up but answers nothing: each question waited
+//! its whole deadline (`route_timeout_ms`, 500 ms) before the fallback.
+//! A question that outlives its deadline counts as a refusal here, and an
+//! answer of any kind on the session as an answer, so while it hangs only
+//! the probes wait.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -40,11 +48,15 @@ enum State {
     Open,
     /// A call was refused at `since`: requests do not call until
     /// `probe_at`, when one call goes out (and the next probe is due a
-    /// `backoff` later). `skipped` counts the calls not made meanwhile.
+    /// `backoff` later). `probing` while that call is out: only its
+    /// refusal makes the next wait longer (calls sent before the first
+    /// refusal may still fail after it). `skipped` counts the calls not
+    /// made meanwhile.
     Refused {
         since: SystemTime,
         probe_at: SystemTime,
         backoff: Duration,
+        probing: bool,
         skipped: u64,
     },
 }
@@ -70,6 +82,7 @@ impl Reach {
             State::Refused {
                 probe_at,
                 backoff,
+                probing,
                 skipped,
                 ..
             } => {
@@ -77,6 +90,7 @@ impl Reach {
                     // One probe per wait: the next is due a backoff later
                     // even before this one is answered.
                     *probe_at = now + *backoff;
+                    *probing = true;
                     true
                 } else {
                     *skipped += 1;
@@ -97,7 +111,15 @@ impl Reach {
         }
     }
 
-    /// The control plane answered (a call, or the session's opening).
+    /// A wait on the session (a question, an end's acknowledgement) ran
+    /// past its deadline at `now`: a hung control plane, as far as can be
+    /// told.
+    pub fn timed_out(&self, now: SystemTime) {
+        self.refused(Some(DEADLINE_EXCEEDED), now);
+    }
+
+    /// The control plane answered (a call, a message on the session, or
+    /// the session's opening).
     pub fn answered(&self, now: SystemTime) {
         let mut state = self.0.borrow_mut();
         if let State::Refused { since, skipped, .. } = *state {
@@ -125,16 +147,24 @@ impl Reach {
                     since: now,
                     probe_at: now,
                     backoff: FIRST_PROBE,
+                    probing: false,
                     skipped: 0,
                 };
             }
             State::Refused {
-                probe_at, backoff, ..
+                probe_at,
+                backoff,
+                probing,
+                ..
             } => {
-                // A refused probe (or a call sent before the first refusal
-                // came back): wait, and longer the next time.
-                *probe_at = (*probe_at).max(now + *backoff);
-                *backoff = (*backoff * 2).min(MAX_PROBE);
+                // A refused probe: wait, and longer the next time. (Or, as
+                // far as can be told, a call sent before the first refusal,
+                // which says nothing new.)
+                if *probing {
+                    *probing = false;
+                    *probe_at = (*probe_at).max(now + *backoff);
+                    *backoff = (*backoff * 2).min(MAX_PROBE);
+                }
             }
         }
     }
@@ -200,6 +230,21 @@ mod tests {
             assert!(reach.allows(at(now)));
         }
         assert_eq!(wait, 2_000);
+    }
+
+    #[test]
+    fn calls_refused_together_count_once() {
+        let reach = Reach::default();
+        // Eight questions out when the control plane froze all time out.
+        for ms in 0..8 {
+            reach.call_ended(Some(DEADLINE_EXCEEDED), at(ms));
+        }
+        // The next goes at once; its refusal starts the first wait, not
+        // a wait eight times doubled.
+        assert!(reach.allows(at(10)));
+        reach.call_ended(Some(DEADLINE_EXCEEDED), at(510));
+        assert!(!reach.allows(at(609)));
+        assert!(reach.allows(at(610)));
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl Context for Root {
         if !self.shared.session.owns(token_id) {
             return;
         }
+        self.shared.reach.answered(self.get_current_time());
         let bytes = hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, size)
             .ok()
             .flatten()
@@ -286,8 +287,17 @@ impl Root {
         if self.shared.session.waiting() == 0 {
             return;
         }
-        for (context, wait) in self.shared.session.expired(self.get_current_time()) {
-            warn!("no answer on the control plane session in time for request {context}");
+        let now = self.get_current_time();
+        for (context, wait) in self.shared.session.expired(now) {
+            let reach = &self.shared.reach;
+            let was_refused = reach.is_refused();
+            if wait != Wait::Prefill {
+                reach.timed_out(now);
+            }
+            // A hung control plane is logged once, when it stops answering.
+            if !was_refused {
+                warn!("no answer on the control plane session in time for request {context}");
+            }
             self.act_for(context, |r| r.wait_over(wait));
         }
     }

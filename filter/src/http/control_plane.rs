@@ -61,6 +61,9 @@ impl Request {
     /// with `hold`, their ends take a `Complete` call of their own, so that
     /// their clients never find them in `/get_loads` either.
     pub(super) fn report_end(&mut self, completion: Completion, hold: bool) -> Flow {
+        // While the control plane does not answer, its count is not
+        // waited for: the end is sent (or queued) and the answer goes on.
+        let hold = hold && !self.shared.reach.is_refused();
         let ticket = completion.ticket;
         let up = SessionUp {
             kind: Some(Kind::End(completion)),
@@ -84,7 +87,7 @@ impl Request {
         let Some(Kind::End(completion)) = up.kind else {
             return Flow::Go;
         };
-        if hold {
+        if hold && self.may_ask() {
             let report = CompleteRequest {
                 completions: vec![completion.clone()],
             }
@@ -99,16 +102,17 @@ impl Request {
         Flow::Go
     }
 
+    /// True when the control plane may be asked now: it has not stopped
+    /// answering lately, or this is the probe (`reach.rs`). Questions and
+    /// reports ask first; a prefill or admission wait follows an answer,
+    /// so it is always tried.
+    fn may_ask(&self) -> bool {
+        self.shared.reach.allows(self.get_current_time())
+    }
+
     /// Calls `method` of the control plane with `message`; false when it
-    /// cannot be sent, or, for a question or a report, when the control
-    /// plane refused a call lately (`reach.rs`: the outage fallback then
-    /// goes on without the failed call). A prefill or admission wait
-    /// follows an answer, so it is always tried.
+    /// cannot be sent.
     fn call(&mut self, method: &str, message: &[u8], timeout: Duration, call: Call) -> bool {
-        let optional = matches!(call, Call::Route | Call::End | Call::Outcome);
-        if optional && !self.shared.reach.allows(self.get_current_time()) {
-            return false;
-        }
         let sent = self.dispatch_grpc_call(
             &self.shared.config.control_plane_cluster,
             SERVICE_NAME,
@@ -132,6 +136,9 @@ impl Request {
 
     /// Sends the routing question; its answer arrives in [`Self::answered`].
     pub(super) fn ask(&mut self, question: Question) -> Flow {
+        if !self.may_ask() {
+            return self.run_no_answer();
+        }
         // The question may be as large as the body: it is gone (moved into
         // the message, dropped with it) before we wait.
         let mut request = RouteRequest::from(question);
@@ -247,6 +254,9 @@ impl Request {
     /// client's next request: the answer waits (held) for that, unless
     /// the report cannot be sent.
     pub(super) fn report_failure(&mut self, failure: Completion) -> Flow {
+        if !self.may_ask() {
+            return Flow::Go;
+        }
         let report = CompleteRequest {
             completions: vec![failure],
         }

@@ -83,9 +83,13 @@ fn stranded_questions(stack: &Stack) -> usize {
 /// once its question is on the session stream, kills the control plane.
 /// Returns the request's status and how long it took from being sent.
 ///
+/// A filter that found the control plane frozen has stopped asking it
+/// (`filter/src/reach.rs`): it is first thawed until it routes a request
+/// again, then frozen again, so that the next question goes out and waits.
+///
 /// The question is on the stream when Envoy has sent more bytes to the
 /// control plane since the request began. Nothing else sends any then: the
-/// answers to the frozen burst before were reported before their clients
+/// answers to the requests before were reported before their clients
 /// had them, and the wait for a worker-list fetch stuck on the frozen
 /// control plane (the filter starts no other for 5 s) comes first.
 async fn kill_while_a_question_waits(
@@ -93,6 +97,17 @@ async fn kill_while_a_question_waits(
     path: &str,
     body: serde_json::Value,
 ) -> (u16, Duration) {
+    assert!(stack.signal_control_plane("CONT"));
+    let routed_before = stack.metric("sgl_router_requests_total").await;
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            burst(stack, 1, "thawed").await;
+            stack.metric("sgl_router_requests_total").await > routed_before
+        })
+        .await,
+        "the thawed control plane was not asked again"
+    );
+    assert!(stack.signal_control_plane("STOP"));
     let active = "cluster.sglang_control_plane.upstream_rq_active";
     let tx = "cluster.sglang_control_plane.upstream_cx_tx_bytes_total";
     assert!(
@@ -329,6 +344,24 @@ async fn questions_waiting_on_a_frozen_or_killed_control_plane_fall_back_and_the
             "waited too long: {frozen:?}"
         );
     }
+    // Still frozen: the filter no longer waits for it. One request in a
+    // while is its probe and waits the deadline; the others go to the
+    // fallback at once (each used to wait 500 ms).
+    let mut waited = Vec::new();
+    for i in 0..12 {
+        let (status, took) = burst(&stack, 1, &format!("still frozen {i}")).await[0];
+        assert_eq!(status, 200);
+        waited.push(took);
+    }
+    eprintln!("while frozen: {waited:?}");
+    let slow = waited
+        .iter()
+        .filter(|t| **t >= Duration::from_millis(400))
+        .count();
+    assert!(
+        slow <= 3,
+        "{slow} of 12 requests waited for the frozen control plane: {waited:?}"
+    );
 
     // Killed while a question waits: it falls back when the stream breaks,
     // before its deadline, which is at least 500 ms after the request was
