@@ -136,8 +136,13 @@ impl Reach {
         let mut state = self.0.borrow_mut();
         match &mut *state {
             State::Open => {
+                let why = match status {
+                    None => "a call to it could not be sent".to_string(),
+                    Some(DEADLINE_EXCEEDED) => "it did not answer in time".to_string(),
+                    Some(code) => format!("it refused a call (grpc status {code})"),
+                };
                 warn!(
-                    "the control plane refused a call (grpc status {status:?}); requests take the outage fallback without calling it, and a call every {} ms to {} s checks whether it is back",
+                    "the control plane does not answer: {why}; after one more try, requests take the outage fallback without asking it, and one every {} ms to {} s checks whether it is back",
                     FIRST_PROBE.as_millis(),
                     MAX_PROBE.as_secs()
                 );

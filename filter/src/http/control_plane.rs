@@ -87,7 +87,7 @@ impl Request {
         let Some(Kind::End(completion)) = up.kind else {
             return Flow::Go;
         };
-        if hold && self.may_ask() {
+        if hold {
             let report = CompleteRequest {
                 completions: vec![completion.clone()],
             }
