@@ -178,6 +178,17 @@ impl Reach {
     pub fn is_refused(&self) -> bool {
         matches!(*self.0.borrow(), State::Refused { .. })
     }
+
+    /// The level of a request's own line about the control plane's
+    /// absence: debug while an outage is known (it was logged once, when
+    /// it began), warn otherwise.
+    pub fn level(&self) -> log::Level {
+        if self.is_refused() {
+            log::Level::Debug
+        } else {
+            log::Level::Warn
+        }
+    }
 }
 
 #[cfg(test)]

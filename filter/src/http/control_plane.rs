@@ -355,14 +355,8 @@ impl Request {
         size: usize,
     ) -> Option<Result<M, LocalReply>> {
         if grpc_status != Some(0) {
-            // An outage was logged once, when it began (`reach.rs`).
-            let level = if self.shared.reach.is_refused() {
-                log::Level::Debug
-            } else {
-                log::Level::Warn
-            };
             log::log!(
-                level,
+                self.shared.reach.level(),
                 "control plane call for {} ended with grpc status {grpc_status:?}",
                 self.lc.path()
             );

@@ -48,14 +48,8 @@ impl Request {
         }
         let endpoints = choice.endpoints.join(",");
         self.shared.local_fallbacks.increment();
-        // In an outage, once when it began (`reach.rs`), not per request.
-        let level = if self.shared.reach.is_refused() {
-            log::Level::Debug
-        } else {
-            log::Level::Warn
-        };
         log::log!(
-            level,
+            self.shared.reach.level(),
             "control plane unavailable; {} -> {endpoints} (local fallback)",
             self.lc.path()
         );
