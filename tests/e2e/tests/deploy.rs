@@ -1828,3 +1828,31 @@ fn the_quick_start_routes_with_cost_aware_unless_told_otherwise() {
         "--policy cost_aware"
     );
 }
+
+/// The control plane's runtime is sized to the CPU it asks for, not to the
+/// node: without a CPU limit tokio would start one worker thread per core of
+/// the node, and idle threads woken for every message cost the request path
+/// (docs/operations.md, "Control plane CPU").
+#[test]
+fn kubernetes_control_plane_threads_follow_its_cpu_request() {
+    let k8s = yaml_docs("deploy/control-plane.yaml");
+    let dep = find_doc(&k8s, "Deployment", Some("sglang-control-plane"));
+    let c = &dep["spec"]["template"]["spec"]["containers"][0];
+    let threads: u64 = c["env"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "TOKIO_WORKER_THREADS")
+        .and_then(|e| e["value"].as_str()?.parse().ok())
+        .expect("TOKIO_WORKER_THREADS set to a number");
+    let cpu = s(&c["resources"]["requests"]["cpu"]);
+    let millis: u64 = match cpu.strip_suffix('m') {
+        Some(m) => m.parse().unwrap(),
+        None => cpu.parse::<u64>().unwrap() * 1000,
+    };
+    // At least one; at most four per requested core, rounded up.
+    assert!(
+        threads >= 1 && threads <= 4 * millis.div_ceil(1000),
+        "{threads} threads for a request of {cpu}"
+    );
+}
