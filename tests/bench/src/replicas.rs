@@ -288,11 +288,9 @@ pub async fn run(
 const SESSIONS_GAUGE: &str = "sgl_router_filter_sessions";
 
 /// Envoys started at most per run to get the sessions spread. Each VM's
-/// stream goes to the control plane with the fewest streams open (least
-/// request over the cluster), so the first start spreads them unless a VM's
-/// own first question, asked with a call, was still out when its session
-/// opened; before that choice, round robin spread them evenly on only 3
-/// starts in 8. 12 starts all failing is then out of reach.
+/// stream goes to the control plane its thread's round robin picks, a
+/// random one; 4 VMs over 2 or 3 control planes spread evenly on at least
+/// 3 starts in 8, so 12 starts all fail well under once in a hundred.
 pub const MAX_ENVOY_STARTS: usize = 12;
 
 /// Whether VM sessions are spread as evenly as they can be: no control
