@@ -121,29 +121,20 @@ const PICKER_FAILURE: &str = "              failure_mode_allow: false
               status_on_error: { code: 503 }
 ";
 
-/// The shipped config's clusters of the control plane's gRPC port: the
-/// ext_proc filter's, and Envoy's EDS streams'.
-const SHIPPED_CP_CLUSTERS: [&str; 2] = ["sglang_control_plane", "sglang_control_plane_xds"];
-
-/// The first lines of the shipped cluster `name`.
-fn shipped_cluster(name: &str) -> String {
-    format!("  - name: {name}\n    type: STRICT_DNS\n")
-}
+/// The shipped config's cluster of the control plane's gRPC port.
+const SHIPPED_CP_CLUSTER: &str = "  - name: sglang_control_plane\n    type: STRICT_DNS\n";
 
 /// Gateways reach their picker over TLS without verifying it (the picker's
 /// certificate is self-signed, made at start: `--secure-serving`).
-fn picker_cluster(name: &str) -> String {
-    format!(
-        "{}    transport_socket:
+const PICKER_CP_CLUSTER: &str = "  - name: sglang_control_plane
+    type: STRICT_DNS
+    transport_socket:
       name: envoy.transport_sockets.tls
       typed_config:
         \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
         common_tls_context:
           alpn_protocols: [h2]
-",
-        shipped_cluster(name)
-    )
-}
+";
 
 /// Where the shipped config's clusters read the destination.
 const SHIPPED_SOURCE: &str = "- header: x-gateway-destination-endpoint\n";
@@ -194,14 +185,11 @@ pub fn config(rendered: &str, shape: Shape) -> anyhow::Result<String> {
         bail!("no ext_proc filter named sglang.router in the ext_proc config");
     }
     out = out.replace(SHIPPED_FILTER, &format!("{SUBSET_FILTER}{SHIPPED_FILTER}"));
-    for name in SHIPPED_CP_CLUSTERS {
-        let shipped = shipped_cluster(name);
-        if out.matches(&shipped).count() != 1 {
-            bail!("no {name} cluster in the ext_proc config");
-        }
-        if shape.tls {
-            out = out.replace(&shipped, &picker_cluster(name));
-        }
+    if out.matches(SHIPPED_CP_CLUSTER).count() != 1 {
+        bail!("no sglang_control_plane cluster in the ext_proc config");
+    }
+    if shape.tls {
+        out = out.replace(SHIPPED_CP_CLUSTER, PICKER_CP_CLUSTER);
     }
     let sources = out.matches(SHIPPED_SOURCE).count();
     if sources == 0 {
@@ -238,9 +226,7 @@ mod tests {
         let out = config(&shipped, Shape::SUITE).unwrap();
         assert!(!out.contains("allow_mode_override"));
         assert!(out.contains(PICKER_FAILURE) && !out.contains(SHIPPED_FAILURE));
-        for name in SHIPPED_CP_CLUSTERS {
-            assert!(out.contains(&picker_cluster(name)), "{name} over TLS");
-        }
+        assert!(out.contains(PICKER_CP_CLUSTER));
         assert!(!out.contains("request_body_mode: BUFFERED"));
         assert_eq!(out.matches("_body_mode: FULL_DUPLEX_STREAMED").count(), 2);
         assert!(!out.contains(SHIPPED_SOURCE), "the header is not read");
