@@ -76,40 +76,30 @@ pub fn spawn(paths: &Paths, config: &Path, concurrency: usize, name: &str) -> an
     )
 }
 
-/// The clusters that reach the control plane's gRPC port: the filter's
-/// (its sessions and calls) and Envoy's own EDS streams'.
-const CLUSTERS: [&str; 2] = ["sglang_control_plane", "sglang_control_plane_xds"];
+/// The `sglang_control_plane` cluster's name line in a rendered config.
+const CLUSTER: &str = "- name: sglang_control_plane";
 
 /// Indentation of `line`, in spaces.
 fn indent(line: &str) -> usize {
     line.len() - line.trim_start().len()
 }
 
-/// A rendered `config` whose clusters to the control plane ([`CLUSTERS`])
-/// have one loopback endpoint per port of `grpc_ports` (in that order)
-/// instead of their one, as a DNS name with several addresses gives them:
-/// the filter VMs' sessions and the EDS streams then spread over those
-/// control planes. A text edit, so that the rest of the file (outlier
-/// detection, comments) stays byte for byte; it fails when a cluster does
-/// not hold exactly one endpoint, as the shipped template's do.
+/// A rendered `config` whose `sglang_control_plane` cluster has one
+/// loopback endpoint per port of `grpc_ports` (in that order) instead of
+/// its one, as a DNS name with several addresses gives it: the filter VMs'
+/// sessions and the EDS stream then spread over those control planes. A
+/// text edit, so that the rest of the file (outlier detection, comments)
+/// stays byte for byte; it fails when the cluster does not hold exactly
+/// one endpoint, as the shipped template does.
 pub fn with_control_planes(config: &str, grpc_ports: &[u16]) -> anyhow::Result<String> {
     if grpc_ports.is_empty() {
         bail!("no control plane to list");
     }
-    let mut config = config.to_string();
-    for cluster in CLUSTERS {
-        config = list_in(&config, cluster, grpc_ports)?;
-    }
-    Ok(config)
-}
-
-/// `config` with cluster `name`'s one endpoint replaced by one per port.
-fn list_in(config: &str, name: &str, grpc_ports: &[u16]) -> anyhow::Result<String> {
     let lines: Vec<&str> = config.lines().collect();
     let start = lines
         .iter()
-        .position(|l| l.trim() == format!("- name: {name}"))
-        .with_context(|| format!("no {name} cluster"))?;
+        .position(|l| l.trim() == CLUSTER)
+        .context("no sglang_control_plane cluster")?;
     let cluster_indent = indent(lines[start]);
     // The cluster ends at the next line as far left as its `- name:`.
     let end = lines[start + 1..]
@@ -121,7 +111,7 @@ fn list_in(config: &str, name: &str, grpc_ports: &[u16]) -> anyhow::Result<Strin
         .collect();
     let [first] = endpoints[..] else {
         bail!(
-            "{name} has {} endpoints, not 1: envoy.yaml changed",
+            "sglang_control_plane has {} endpoints, not 1: envoy.yaml changed",
             endpoints.len()
         );
     };
@@ -134,7 +124,7 @@ fn list_in(config: &str, name: &str, grpc_ports: &[u16]) -> anyhow::Result<Strin
     let port_line = block
         .iter()
         .position(|l| l.contains("port_value:"))
-        .with_context(|| format!("no port_value in the {name} endpoint"))?;
+        .context("no port_value in the sglang_control_plane endpoint")?;
     let mut out: Vec<String> = lines[..first].iter().map(|l| l.to_string()).collect();
     for port in grpc_ports {
         for (i, line) in block.iter().enumerate() {
@@ -199,29 +189,26 @@ mod tests {
     fn lists_every_control_plane_in_its_cluster_only() {
         let before = shipped();
         let after = with_control_planes(&before, &[5000, 5001, 5002]).unwrap();
-        for name in CLUSTERS {
-            let cp = cluster(&after, name);
-            assert_eq!(cp.matches("- endpoint:").count(), 3, "{cp}");
-            for port in [5000, 5001, 5002] {
-                let line = format!("socket_address: {{ address: 127.0.0.1, port_value: {port} }}");
-                assert_eq!(cp.matches(&line).count(), 1, "{port} in {cp}");
-            }
-            // The endpoints are siblings: each as indented as the first.
-            let indents: Vec<usize> = cp
-                .lines()
-                .filter(|l| l.trim() == "- endpoint:")
-                .map(indent)
-                .collect();
-            assert!(indents.windows(2).all(|w| w[0] == w[1]), "{indents:?}");
-        }
-        // Outlier detection (a dead replica ejected) and the rest kept.
         let cp = cluster(&after, "sglang_control_plane");
+        assert_eq!(cp.matches("- endpoint:").count(), 3, "{cp}");
+        for port in [5000, 5001, 5002] {
+            let line = format!("socket_address: {{ address: 127.0.0.1, port_value: {port} }}");
+            assert_eq!(cp.matches(&line).count(), 1, "{port} in {cp}");
+        }
+        // The endpoints are siblings: each as indented as the first.
+        let indents: Vec<usize> = cp
+            .lines()
+            .filter(|l| l.trim() == "- endpoint:")
+            .map(indent)
+            .collect();
+        assert!(indents.windows(2).all(|w| w[0] == w[1]), "{indents:?}");
+        // Outlier detection (a dead replica ejected) and the rest kept.
         assert!(cp.contains("consecutive_local_origin_failure: 1"));
         assert_eq!(
             cluster(&after, "sglang_control_plane_admin"),
             cluster(&before, "sglang_control_plane_admin")
         );
-        assert_eq!(after.matches("port_value: 5001").count(), 2);
+        assert_eq!(after.matches("port_value: 5001").count(), 1);
         // Only lines were added: everything before is still there, in order.
         let removed: Vec<&str> = before
             .lines()
@@ -230,7 +217,7 @@ mod tests {
         assert!(removed.is_empty(), "{removed:?}");
         assert_eq!(
             after.lines().count(),
-            before.lines().count() + 2 * 2 * cp_endpoint_lines(&before)
+            before.lines().count() + 2 * cp_endpoint_lines(&before)
         );
     }
 

@@ -119,33 +119,25 @@ pub(crate) fn render_template(
 }
 
 /// `config` with the loopback gRPC `ports` of more control planes added to
-/// its clusters that reach the control plane (`sglang_control_plane`, the
-/// filter's, and `sglang_control_plane_xds`, Envoy's EDS streams'; a
-/// config without the second has its first only), as a DNS name with
-/// several addresses would add them.
+/// its cluster `sglang_control_plane`, as a DNS name with several
+/// addresses would add them.
 fn with_more_control_planes(config: &str, ports: &[u16]) -> anyhow::Result<String> {
     let mut doc: serde_yaml::Value = serde_yaml::from_str(config)?;
     let clusters = doc["static_resources"]["clusters"]
         .as_sequence_mut()
         .context("no clusters")?;
-    let mut found = 0;
-    for cluster in clusters
+    let cluster = clusters
         .iter_mut()
-        .filter(|c| c["name"] == "sglang_control_plane" || c["name"] == "sglang_control_plane_xds")
-    {
-        found += 1;
-        let endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-            .as_sequence_mut()
-            .context("no lb_endpoints in a control plane cluster")?;
-        for port in ports {
-            let endpoint = format!(
-                "endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"
-            );
-            endpoints.push(serde_yaml::from_str(&endpoint)?);
-        }
-    }
-    if found == 0 {
-        anyhow::bail!("no sglang_control_plane cluster");
+        .find(|c| c["name"] == "sglang_control_plane")
+        .context("no sglang_control_plane cluster")?;
+    let endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        .as_sequence_mut()
+        .context("no lb_endpoints in sglang_control_plane")?;
+    for port in ports {
+        let endpoint = format!(
+            "endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"
+        );
+        endpoints.push(serde_yaml::from_str(&endpoint)?);
     }
     Ok(serde_yaml::to_string(&doc)?)
 }

@@ -1565,11 +1565,6 @@ fn envoy_clusters_reach_every_control_plane_replica() {
     let headless = service_dns(cp_headless_service(&k8s));
     let t = template();
     let template_outliers = &cluster(&t, "sglang_control_plane")["outlier_detection"];
-    let template_balancing = &cluster(&t, "sglang_control_plane")["load_balancing_policy"];
-    assert_eq!(
-        template_balancing["policies"][0]["typed_extension_config"]["name"],
-        Value::String("envoy.load_balancing_policies.least_request".into())
-    );
     let mut checked = Vec::new();
     for file in deploy_yaml_files() {
         let docs = yaml_docs(&file);
@@ -1613,10 +1608,6 @@ fn envoy_clusters_reach_every_control_plane_replica() {
                 "{file}: {name} may eject every replica"
             );
             assert_eq!(o, template_outliers, "{file}: {name} as envoy/envoy.yaml's");
-            assert_eq!(
-                &c["load_balancing_policy"], template_balancing,
-                "{file}: {name} sends a new session to the replica with the fewest, as envoy/envoy.yaml's"
-            );
             checked.push(format!("{file}: {name}"));
         }
     }
