@@ -20,15 +20,22 @@
 //! A hung control plane (its process frozen, its host dropping packets)
 //! keeps the session stream up but answers nothing: each question waited
 //! its whole deadline (`route_timeout_ms`, 500 ms) before the fallback.
-//! A question that outlives its deadline counts as a refusal here, and an
-//! answer of any kind on the session as an answer, so while it hangs only
-//! the probes wait.
+//! The session has a gate of its own: a question that outlives its
+//! deadline counts as a refusal there, and an answer of any kind on the
+//! session as an answer, so while it hangs only the probes wait. The two
+//! gates are apart because they watch different replicas: with several
+//! control planes, calls refused by one being started or gone must not
+//! keep questions off a session another answers.
+//!
+//! Where some replicas refuse and others answer, a gate may close and open
+//! again many times a second: it warns at most once in [`QUIET`], and says
+//! so at debug level in between.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
-use log::{info, warn};
+use log::{debug, warn};
 
 /// gRPC `UNAVAILABLE`: Envoy's answer when no endpoint of the control
 /// plane's cluster takes the call.
@@ -40,6 +47,8 @@ const DEADLINE_EXCEEDED: u32 = 4;
 const FIRST_PROBE: Duration = Duration::from_millis(100);
 /// The longest wait between probes.
 const MAX_PROBE: Duration = Duration::from_secs(2);
+/// The least time between two warnings of one gate.
+pub const QUIET: Duration = Duration::from_secs(10);
 
 /// The gate's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,26 +67,44 @@ enum State {
         backoff: Duration,
         probing: bool,
         skipped: u64,
+        /// Whether its start was a warning (its end is then an info line).
+        warned: bool,
     },
 }
 
-/// One VM's view of whether the control plane takes calls, shared by the
-/// root context and the requests (the VM is single-threaded).
+struct Inner {
+    state: State,
+    /// What the gate watches, for its log lines.
+    name: &'static str,
+    last_warning: Option<SystemTime>,
+}
+
+/// One VM's view of whether the control plane answers, shared by the root
+/// context and the requests (the VM is single-threaded).
 #[derive(Clone)]
-pub struct Reach(Rc<RefCell<State>>);
+pub struct Reach(Rc<RefCell<Inner>>);
 
 impl Default for Reach {
     fn default() -> Self {
-        Reach(Rc::new(RefCell::new(State::Open)))
+        Reach::new("the control plane")
     }
 }
 
 impl Reach {
+    /// An open gate watching `name` (said in its log lines).
+    pub fn new(name: &'static str) -> Self {
+        Reach(Rc::new(RefCell::new(Inner {
+            state: State::Open,
+            name,
+            last_warning: None,
+        })))
+    }
+
     /// True when a call may go out at `now`: the control plane has not
     /// refused one, or a probe is due (this call is it).
     pub fn allows(&self, now: SystemTime) -> bool {
-        let mut state = self.0.borrow_mut();
-        match &mut *state {
+        let mut inner = self.0.borrow_mut();
+        match &mut inner.state {
             State::Open => true,
             State::Refused {
                 probe_at,
@@ -121,40 +148,67 @@ impl Reach {
     /// The control plane answered (a call, a message on the session, or
     /// the session's opening).
     pub fn answered(&self, now: SystemTime) {
-        let mut state = self.0.borrow_mut();
-        if let State::Refused { since, skipped, .. } = *state {
+        let mut inner = self.0.borrow_mut();
+        if let State::Refused {
+            since,
+            skipped,
+            warned,
+            ..
+        } = inner.state
+        {
             let after = now.duration_since(since).unwrap_or_default();
-            info!(
-                "the control plane answers again after {} ms; {skipped} calls were not made meanwhile",
+            let level = if warned {
+                log::Level::Info
+            } else {
+                log::Level::Debug
+            };
+            log::log!(
+                level,
+                "{} answers again after {} ms; {skipped} questions or calls were not sent meanwhile",
+                inner.name,
                 after.as_millis()
             );
-            *state = State::Open;
+            inner.state = State::Open;
         }
     }
 
     fn refused(&self, status: Option<u32>, now: SystemTime) {
-        let mut state = self.0.borrow_mut();
-        match &mut *state {
+        let mut inner = self.0.borrow_mut();
+        let name = inner.name;
+        let quiet_since = inner
+            .last_warning
+            .is_some_and(|at| now.duration_since(at).unwrap_or_default() < QUIET);
+        match &mut inner.state {
             State::Open => {
                 let why = match status {
                     None => "a call to it could not be sent".to_string(),
-                    Some(DEADLINE_EXCEEDED) => "it did not answer in time".to_string(),
-                    Some(code) => format!("it refused a call (grpc status {code})"),
+                    Some(DEADLINE_EXCEEDED) => "no answer in time".to_string(),
+                    Some(code) => format!("a call refused (grpc status {code})"),
                 };
-                warn!(
-                    "the control plane does not answer: {why}; after one more try, requests take the outage fallback without asking it, and one every {} ms to {} s checks whether it is back",
-                    FIRST_PROBE.as_millis(),
-                    MAX_PROBE.as_secs()
-                );
+                let warned = !quiet_since;
+                if warned {
+                    warn!(
+                        "{name} does not answer: {why}; after one more try, requests take the outage fallback without asking it, and one every {} ms to {} s checks whether it is back (said at most once in {} s)",
+                        FIRST_PROBE.as_millis(),
+                        MAX_PROBE.as_secs(),
+                        QUIET.as_secs()
+                    );
+                } else {
+                    debug!("{name} does not answer again: {why}");
+                }
                 // The next call goes at once (another replica may take
                 // it), and the one after waits the first backoff.
-                *state = State::Refused {
+                inner.state = State::Refused {
                     since: now,
                     probe_at: now,
                     backoff: FIRST_PROBE,
                     probing: false,
                     skipped: 0,
+                    warned,
                 };
+                if warned {
+                    inner.last_warning = Some(now);
+                }
             }
             State::Refused {
                 probe_at,
@@ -176,18 +230,7 @@ impl Reach {
 
     /// True while the control plane is taken to be unreachable.
     pub fn is_refused(&self) -> bool {
-        matches!(*self.0.borrow(), State::Refused { .. })
-    }
-
-    /// The level of a request's own line about the control plane's
-    /// absence: debug while an outage is known (it was logged once, when
-    /// it began), warn otherwise.
-    pub fn level(&self) -> log::Level {
-        if self.is_refused() {
-            log::Level::Debug
-        } else {
-            log::Level::Warn
-        }
+        matches!(self.0.borrow().state, State::Refused { .. })
     }
 }
 

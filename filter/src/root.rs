@@ -69,7 +69,8 @@ impl Root {
                 fallback: Fallback::default(),
                 body_waits: BodyWaits::default(),
                 session: Session::new(context_id),
-                reach: Reach::default(),
+                reach_calls: Reach::new("calls to the control plane"),
+                reach_session: Reach::new("the control plane session"),
                 local_fallbacks: Counter::default(),
                 contexts: Contexts::default(),
                 call_owners: CallOwners::default(),
@@ -94,9 +95,12 @@ impl Context for Root {
         }
         if self.workers_call == Some(token_id) {
             self.workers_call = None;
-            let now = self.get_current_time();
-            self.shared.reach.call_ended(Some(status_code), now);
+            // The worker list's polls only open the calls' gate: refused,
+            // they say nothing of the replica a question would reach (one
+            // being started refuses them before the others are asked).
             if status_code == 0 {
+                let now = self.get_current_time();
+                self.shared.call_ended(Some(0), now);
                 let bytes = self
                     .get_grpc_call_response_body(0, size)
                     .unwrap_or_default();
@@ -118,10 +122,10 @@ impl Context for Root {
         }
         match self.in_flight.take() {
             Some((token, batch)) if token == token_id => {
-                let reach = &self.shared.reach;
-                reach.call_ended(Some(status_code), self.get_current_time());
+                self.shared
+                    .call_ended(Some(status_code), self.get_current_time());
                 if status_code != 0 {
-                    if !reach.is_refused() {
+                    if !self.shared.reach_calls.is_refused() {
                         warn!(
                             "reporting completions failed (grpc status {status_code}); will retry"
                         );
@@ -144,7 +148,7 @@ impl Context for Root {
         if entries > 0 {
             let now = self.get_current_time();
             self.shared.session.confirmed(token_id, now);
-            self.shared.reach.answered(now);
+            self.shared.reach_session.answered(now);
         }
     }
 
@@ -152,7 +156,7 @@ impl Context for Root {
         if !self.shared.session.owns(token_id) {
             return;
         }
-        self.shared.reach.answered(self.get_current_time());
+        self.shared.reach_session.answered(self.get_current_time());
         let bytes = hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, size)
             .ok()
             .flatten()
@@ -289,7 +293,7 @@ impl Root {
         }
         let now = self.get_current_time();
         for (context, wait) in self.shared.session.expired(now) {
-            let reach = &self.shared.reach;
+            let reach = &self.shared.reach_session;
             let was_refused = reach.is_refused();
             if wait != Wait::Prefill {
                 reach.timed_out(now);
@@ -318,7 +322,7 @@ impl Root {
         if self.in_flight.is_some() || self.shared.queue.is_empty() {
             return;
         }
-        if !self.shared.reach.allows(self.get_current_time()) {
+        if !self.shared.reach_calls.allows(self.get_current_time()) {
             return;
         }
         let report = CompleteRequest {
@@ -336,7 +340,7 @@ impl Root {
             Ok(token) => self.in_flight = Some((token, report.completions)),
             Err(status) => {
                 warn!("cannot dispatch completion report: {status:?}");
-                self.shared.reach.call_ended(None, self.get_current_time());
+                self.shared.call_ended(None, self.get_current_time());
                 self.shared.queue.requeue(report.completions);
             }
         }

@@ -63,7 +63,7 @@ impl Request {
     pub(super) fn report_end(&mut self, completion: Completion, hold: bool) -> Flow {
         // While the control plane does not answer, its count is not
         // waited for: the end is sent (or queued) and the answer goes on.
-        let hold = hold && !self.shared.reach.is_refused();
+        let hold = hold && !self.shared.reach_session.is_refused();
         let ticket = completion.ticket;
         let up = SessionUp {
             kind: Some(Kind::End(completion)),
@@ -87,7 +87,7 @@ impl Request {
         let Some(Kind::End(completion)) = up.kind else {
             return Flow::Go;
         };
-        if hold {
+        if hold && self.may_call() {
             let report = CompleteRequest {
                 completions: vec![completion.clone()],
             }
@@ -102,12 +102,12 @@ impl Request {
         Flow::Go
     }
 
-    /// True when the control plane may be asked now: it has not stopped
-    /// answering lately, or this is the probe (`reach.rs`). Questions and
-    /// reports ask first; a prefill or admission wait follows an answer,
-    /// so it is always tried.
-    fn may_ask(&self) -> bool {
-        self.shared.reach.allows(self.get_current_time())
+    /// True when a unary call may go out now: the control plane has not
+    /// stopped taking them lately, or this is the probe (`reach.rs`).
+    /// Questions and reports ask first; a prefill or admission wait
+    /// follows an answer, so it is always tried.
+    fn may_call(&self) -> bool {
+        self.shared.reach_calls.allows(self.get_current_time())
     }
 
     /// Calls `method` of the control plane with `message`; false when it
@@ -128,7 +128,7 @@ impl Request {
             }
             Err(status) => {
                 warn!("cannot call {method} on the control plane: {status:?}");
-                self.shared.reach.call_ended(None, self.get_current_time());
+                self.shared.call_ended(None, self.get_current_time());
                 false
             }
         }
@@ -136,14 +136,23 @@ impl Request {
 
     /// Sends the routing question; its answer arrives in [`Self::answered`].
     pub(super) fn ask(&mut self, question: Question) -> Flow {
-        if !self.may_ask() {
-            return self.run_no_answer();
-        }
         // The question may be as large as the body: it is gone (moved into
         // the message, dropped with it) before we wait.
         let mut request = RouteRequest::from(question);
         let now = self.get_current_time();
-        if self.shared.session.takes_questions(now) && request.body.len() <= MAX_QUESTION_BYTES {
+        let on_session =
+            self.shared.session.takes_questions(now) && request.body.len() <= MAX_QUESTION_BYTES;
+        // A control plane that stopped answering is not asked, on the
+        // session or with a call, but by its probe.
+        let gate = if on_session {
+            &self.shared.reach_session
+        } else {
+            &self.shared.reach_calls
+        };
+        if !gate.allows(now) {
+            return self.run_no_answer();
+        }
+        if on_session {
             let ticket = request.ticket;
             let up = SessionUp {
                 kind: Some(Kind::Route(request)),
@@ -254,7 +263,7 @@ impl Request {
     /// client's next request: the answer waits (held) for that, unless
     /// the report cannot be sent.
     pub(super) fn report_failure(&mut self, failure: Completion) -> Flow {
-        if !self.may_ask() {
+        if !self.may_call() {
             return Flow::Go;
         }
         let report = CompleteRequest {
@@ -273,7 +282,7 @@ impl Request {
     pub(super) fn answered(&mut self, call: Call, grpc_status: Option<u32>, size: usize) {
         if grpc_status.is_some() {
             let now = self.get_current_time();
-            self.shared.reach.call_ended(grpc_status, now);
+            self.shared.call_ended(grpc_status, now);
         }
         match call {
             Call::LocalPrefill => {
@@ -356,7 +365,7 @@ impl Request {
     ) -> Option<Result<M, LocalReply>> {
         if grpc_status != Some(0) {
             log::log!(
-                self.shared.reach.level(),
+                self.shared.outage_level(),
                 "control plane call for {} ended with grpc status {grpc_status:?}",
                 self.lc.path()
             );

@@ -49,7 +49,7 @@ impl Request {
         let endpoints = choice.endpoints.join(",");
         self.shared.local_fallbacks.increment();
         log::log!(
-            self.shared.reach.level(),
+            self.shared.outage_level(),
             "control plane unavailable; {} -> {endpoints} (local fallback)",
             self.lc.path()
         );

@@ -55,8 +55,11 @@ pub struct Shared {
     pub body_waits: BodyWaits,
     /// The stream to the control plane.
     pub session: Session,
-    /// Whether the control plane takes calls (an outage skips them).
-    pub reach: Reach,
+    /// Whether the control plane takes unary calls (an outage skips them).
+    pub reach_calls: Reach,
+    /// Whether the control plane answers on the session (a hung one is
+    /// not waited for).
+    pub reach_session: Reach,
     /// Requests routed by the filter itself (Envoy's stats).
     pub local_fallbacks: Counter,
     /// The live requests, for the root context to act for.
@@ -67,6 +70,30 @@ pub struct Shared {
     /// Requests the filter holds, and until when at most (the root context
     /// ends the holds that outlive their deadline).
     pub holds: Holds,
+}
+
+impl Shared {
+    /// A unary call to the control plane ended with gRPC status `status`
+    /// (`None`: not sent). An answer opens the calls' gate. A refusal
+    /// closes it only while the session is not up: with the session up, a
+    /// live replica answers it, and the refusal came from another (one
+    /// being started, or gone).
+    pub fn call_ended(&self, status: Option<u32>, now: SystemTime) {
+        if status == Some(0) || !self.session.is_up() {
+            self.reach_calls.call_ended(status, now);
+        }
+    }
+
+    /// The level of a request's own line about the control plane's
+    /// absence: debug while an outage is known (it was logged when it
+    /// began, `reach.rs`), warn otherwise.
+    pub fn outage_level(&self) -> log::Level {
+        if self.reach_calls.is_refused() || self.reach_session.is_refused() {
+            log::Level::Debug
+        } else {
+            log::Level::Warn
+        }
+    }
 }
 
 /// One HTTP stream passing through the filter.
