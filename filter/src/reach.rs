@@ -28,7 +28,7 @@
 //! keep questions off a session another answers.
 //!
 //! Where some replicas refuse and others answer, a gate may close and open
-//! again many times a second: it warns at most once in [`QUIET`], and says
+//! again many times a second: it warns at most once in `QUIET` (10 s), and says
 //! so at debug level in between.
 
 use std::cell::RefCell;
@@ -48,7 +48,7 @@ const FIRST_PROBE: Duration = Duration::from_millis(100);
 /// The longest wait between probes.
 const MAX_PROBE: Duration = Duration::from_secs(2);
 /// The least time between two warnings of one gate.
-pub const QUIET: Duration = Duration::from_secs(10);
+const QUIET: Duration = Duration::from_secs(10);
 
 /// The gate's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,12 +83,6 @@ struct Inner {
 /// context and the requests (the VM is single-threaded).
 #[derive(Clone)]
 pub struct Reach(Rc<RefCell<Inner>>);
-
-impl Default for Reach {
-    fn default() -> Self {
-        Reach::new("the control plane")
-    }
-}
 
 impl Reach {
     /// An open gate watching `name` (said in its log lines).
@@ -244,7 +238,7 @@ mod tests {
 
     #[test]
     fn calls_go_out_until_one_is_refused() {
-        let reach = Reach::default();
+        let reach = Reach::new("the control plane");
         assert!(reach.allows(at(0)));
         reach.call_ended(Some(0), at(1));
         assert!(reach.allows(at(2)));
@@ -264,7 +258,7 @@ mod tests {
 
     #[test]
     fn one_probe_per_wait_and_the_wait_doubles_while_refused() {
-        let reach = Reach::default();
+        let reach = Reach::new("the control plane");
         reach.call_ended(Some(UNAVAILABLE), at(0));
         assert!(reach.allows(at(0)));
         reach.call_ended(Some(UNAVAILABLE), at(2));
@@ -293,7 +287,7 @@ mod tests {
 
     #[test]
     fn calls_refused_together_count_once() {
-        let reach = Reach::default();
+        let reach = Reach::new("the control plane");
         // Eight questions out when the control plane froze all time out.
         for ms in 0..8 {
             reach.call_ended(Some(DEADLINE_EXCEEDED), at(ms));
@@ -308,7 +302,7 @@ mod tests {
 
     #[test]
     fn any_answer_opens_the_gate() {
-        let reach = Reach::default();
+        let reach = Reach::new("the control plane");
         reach.call_ended(Some(UNAVAILABLE), at(0));
         assert!(reach.allows(at(1)));
         assert!(!reach.allows(at(50)));
