@@ -26,6 +26,7 @@ use crate::engine::{Engine, WorkerChangeError};
 use crate::enrollment::Enrollment;
 use crate::fleet_store::FleetStore;
 use crate::kv_events::KvEvents;
+use crate::sessions::{Sessions, SETTLE_WAIT};
 use crate::workers::persist::StoredWorker;
 use crate::workers::{
     HealthChecker, RegistryError, Role, Worker, WorkerAddress, WorkerId, WorkerSpec,
@@ -52,6 +53,8 @@ pub struct AdminState {
     /// The worker list shared with other control planes
     /// (`--fleet-store-url`).
     pub fleet_store: Option<Arc<FleetStore>>,
+    /// The filter sessions, settled before loads are shown.
+    pub sessions: Arc<Sessions>,
 }
 
 impl AdminState {
@@ -373,6 +376,8 @@ async fn list_workers(State(s): State<AdminState>) -> Response {
 }
 
 async fn get_loads(State(s): State<AdminState>) -> Response {
+    // The ends the filters sent before this request are counted first.
+    s.sessions.settle(SETTLE_WAIT).await;
     let workers: Vec<_> = s
         .engine
         .registry()

@@ -37,6 +37,7 @@ pub mod pd;
 pub mod policy_flags;
 pub mod service;
 pub mod session;
+pub mod sessions;
 pub mod shared_loads;
 pub mod shared_tree;
 pub mod startup;

@@ -29,6 +29,7 @@ use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::fleet_store::FleetStore;
 use sglang_envoy_control_plane::kv_events::KvEvents;
 use sglang_envoy_control_plane::metrics::Metrics;
+use sglang_envoy_control_plane::sessions::Sessions;
 use sglang_envoy_control_plane::shared_loads::SharedLoads;
 use sglang_envoy_control_plane::shared_tree::{shared_tree, TreeSync};
 use sglang_envoy_control_plane::workers::persist::StoredWorker;
@@ -310,6 +311,9 @@ impl ControlPlane {
             ..
         } = self;
         let grpc_addr = SocketAddr::new(args.host, args.grpc_port);
+        // The filter sessions, registered by the gRPC service and settled
+        // by the admin API before it shows loads.
+        let sessions = Arc::new(Sessions::default());
         // Questions and ext_proc messages carry whole request bodies:
         // tonic's default limit (4 MiB) would turn larger ones into errors.
         let limit = args.grpc_message_limit();
@@ -323,8 +327,11 @@ impl ControlPlane {
         let grpc = builder
             .add_service(grpc_health::service().await)
             .add_service(
-                RouterServer::new(service::RouterService::new(engine.clone()))
-                    .max_decoding_message_size(limit),
+                RouterServer::new(service::RouterService::new(
+                    engine.clone(),
+                    sessions.clone(),
+                ))
+                .max_decoding_message_size(limit),
             )
             .add_service(EndpointDiscoveryServiceServer::new(xds::Eds::new(
                 engine.registry().clone(),
@@ -372,6 +379,7 @@ impl ControlPlane {
             ),
             kv_events,
             fleet_store,
+            sessions,
         };
         let prometheus = match args.prometheus_port {
             Some(port) => {

@@ -17,16 +17,19 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::engine::Engine;
 use crate::session::{FilterSession, ANSWERS_BUFFERED};
+use crate::sessions::Sessions;
 
 /// Adapts the [`Engine`] to the filter's gRPC contract.
 pub struct RouterService {
     engine: Arc<Engine>,
+    /// Where filter sessions register, so loads can settle them.
+    sessions: Arc<Sessions>,
 }
 
 impl RouterService {
-    /// A service over `engine`.
-    pub fn new(engine: Arc<Engine>) -> Self {
-        RouterService { engine }
+    /// A service over `engine`, registering its sessions in `sessions`.
+    pub fn new(engine: Arc<Engine>, sessions: Arc<Sessions>) -> Self {
+        RouterService { engine, sessions }
     }
 }
 
@@ -42,7 +45,8 @@ impl Router for RouterService {
         request: Request<Streaming<SessionUp>>,
     ) -> Result<Response<SessionAnswers>, Status> {
         let (tx, rx) = mpsc::channel(ANSWERS_BUFFERED);
-        let session = FilterSession::new(self.engine.clone());
+        let registration = self.sessions.open(tx.clone());
+        let session = FilterSession::new(self.engine.clone(), registration);
         tokio::spawn(session.run(request.into_inner(), tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

@@ -18,6 +18,7 @@ use tonic::{Status, Streaming};
 use tracing::{debug, warn};
 
 use crate::engine::Engine;
+use crate::sessions::Registration;
 
 /// Answers not yet taken by Envoy before the session stops reading
 /// questions (back-pressure instead of unbounded memory).
@@ -28,15 +29,18 @@ pub struct FilterSession {
     engine: Arc<Engine>,
     /// Tickets answered on this session whose end has not come.
     open: HashSet<u64>,
+    /// Its place among the open sessions, told of the filter's `synced`.
+    registration: Registration,
 }
 
 impl FilterSession {
-    /// A session over `engine`.
-    pub fn new(engine: Arc<Engine>) -> Self {
+    /// A session over `engine`, registered as `registration`.
+    pub fn new(engine: Arc<Engine>, registration: Registration) -> Self {
         engine.metrics().session(1);
         FilterSession {
             engine,
             open: HashSet::new(),
+            registration,
         }
     }
 
@@ -106,6 +110,11 @@ impl FilterSession {
                     ..Default::default()
                 })
             }
+            // Every end sent before it is counted (read above).
+            Kind::Synced(n) => {
+                self.registration.synced(n);
+                None
+            }
             // Taken by `run`, which waits for the prefill in a task.
             Kind::Prefill(_) => None,
         }
@@ -152,13 +161,16 @@ mod tests {
     use super::*;
     use crate::engine::tests::engine_with;
     use crate::engine::EngineOptions;
+    use crate::sessions::Sessions;
 
     fn session() -> (FilterSession, Arc<Engine>) {
         let engine = Arc::new(engine_with(
             EngineOptions::default(),
             &[(1, WorkerSpec::REGULAR, None)],
         ));
-        (FilterSession::new(engine.clone()), engine)
+        let (answers, _) = tokio::sync::mpsc::channel(1);
+        let registration = Arc::new(Sessions::default()).open(answers);
+        (FilterSession::new(engine.clone(), registration), engine)
     }
 
     fn question(ticket: u64) -> SessionUp {
@@ -201,6 +213,29 @@ mod tests {
         let ack = s.take(end(8, true)).unwrap();
         assert!(ack.ended && ack.route.is_none());
         assert_eq!(ack.ticket, 8);
+    }
+
+    #[tokio::test]
+    async fn a_synced_answers_the_settle_that_asked_and_nothing_goes_down() {
+        let engine = Arc::new(engine_with(
+            EngineOptions::default(),
+            &[(1, WorkerSpec::REGULAR, None)],
+        ));
+        let sessions = Arc::new(Sessions::default());
+        let (answers, mut filter) = tokio::sync::mpsc::channel(4);
+        let mut s = FilterSession::new(engine, sessions.open(answers));
+        let settling = tokio::spawn({
+            let sessions = sessions.clone();
+            async move { sessions.settle(std::time::Duration::from_secs(5)).await }
+        });
+        let sync = filter.recv().await.unwrap().unwrap().sync;
+        assert_ne!(sync, 0);
+        let synced = SessionUp {
+            kind: Some(Kind::Synced(sync)),
+            ack_end: false,
+        };
+        assert_eq!(s.take(synced), None);
+        assert_eq!(settling.await.unwrap(), 0, "every session answered");
     }
 
     #[tokio::test]

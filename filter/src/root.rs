@@ -9,7 +9,8 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
 use sglang_envoy_lifecycle::{random, LocalReply, TicketSource};
 use sglang_envoy_proto::{
-    CompleteRequest, Completion, SessionDown, WorkersRequest, WorkersSnapshot, SERVICE_NAME,
+    session_up::Kind, CompleteRequest, Completion, SessionDown, SessionUp, WorkersRequest,
+    WorkersSnapshot, SERVICE_NAME,
 };
 
 use crate::body_wait::BodyWaits;
@@ -169,10 +170,12 @@ impl Context for Root {
             }
         };
         let session = &self.shared.session;
-        if down.ended {
-            if let Some(context) = session.answered(down.ticket, Wait::Counted) {
-                self.act_for(context, Request::end_counted);
-            }
+        if down.sync != 0 {
+            let synced = SessionUp {
+                kind: Some(Kind::Synced(down.sync)),
+                ack_end: false,
+            };
+            session.answer_sync(&synced.encode_to_vec());
         } else if let Some(outcome) = down.prefill {
             if let Some(context) = session.answered(down.ticket, Wait::Prefill) {
                 self.act_for(context, |r| r.prefill_answered(Some(Ok(outcome))));

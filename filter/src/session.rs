@@ -77,14 +77,11 @@ pub enum Wait {
     Answer,
     /// PD: the outcome of its prefill half.
     Prefill,
-    /// The control plane to have counted its end (its answer's last bytes
-    /// are held until then).
-    Counted,
 }
 
 impl Wait {
     /// Every kind: what a request may wait for, each at most once.
-    const ALL: [Wait; 3] = [Wait::Answer, Wait::Prefill, Wait::Counted];
+    const ALL: [Wait; 2] = [Wait::Answer, Wait::Prefill];
 }
 
 /// What becomes of a question when its stream breaks.
@@ -208,19 +205,6 @@ impl Session {
         self.send(context, message)
     }
 
-    /// Reports the end of `ticket` from `context` and waits, until
-    /// `deadline` at most, for the control plane to say it counted it.
-    /// False when it could not be sent.
-    pub fn report_and_wait(
-        &self,
-        context: u32,
-        ticket: u64,
-        message: &[u8],
-        deadline: SystemTime,
-    ) -> bool {
-        self.send_and_wait(context, ticket, message, Wait::Counted, deadline)
-    }
-
     /// PD: asks for the outcome of the prefill half sent for `ticket` and
     /// waits for it until `deadline`. False when it could not be sent.
     pub fn await_prefill(
@@ -228,17 +212,6 @@ impl Session {
         context: u32,
         ticket: u64,
         message: &[u8],
-        deadline: SystemTime,
-    ) -> bool {
-        self.send_and_wait(context, ticket, message, Wait::Prefill, deadline)
-    }
-
-    fn send_and_wait(
-        &self,
-        context: u32,
-        ticket: u64,
-        message: &[u8],
-        wait: Wait,
         deadline: SystemTime,
     ) -> bool {
         if !self.send(context, message) {
@@ -251,8 +224,18 @@ impl Session {
         self.0
             .borrow_mut()
             .waiting
-            .insert((ticket, wait), deadline, waiter);
+            .insert((ticket, Wait::Prefill), deadline, waiter);
         true
+    }
+
+    /// Answers the control plane's `sync` on the stream, from the root
+    /// context (which owns it). Every end sent before has gone up before
+    /// it: the control plane counted them once it reads this.
+    pub fn answer_sync(&self, message: &[u8]) -> bool {
+        match self.0.borrow().link {
+            Link::Up { token, .. } => send_on(token, message),
+            _ => false,
+        }
     }
 
     /// The request with `ticket` no longer waits (it ended).

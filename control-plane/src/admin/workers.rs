@@ -28,6 +28,7 @@ use tracing::info;
 use super::{error, remove as remove_by_url, spec_of, AdminState};
 use crate::enrollment::{Enrolled, Job};
 use crate::kv_events::WorkerKvView;
+use crate::sessions::SETTLE_WAIT;
 use crate::workers::{CircuitState, Role, Worker, WorkerAddress, WorkerId};
 
 /// sglang-router's placeholder for what it has not discovered (a model
@@ -243,6 +244,8 @@ fn kv_view(s: &AdminState, base_url: &str) -> Option<WorkerKvView> {
 
 /// `GET /workers`
 pub(super) async fn list(State(s): State<AdminState>) -> Response {
+    // Loads as `/get_loads` shows them: the filters' ends sent before now in.
+    s.sessions.settle(SETTLE_WAIT).await;
     let all = s.engine.registry().all();
     let workers: Vec<WorkerInfo> = all
         .iter()
@@ -276,6 +279,7 @@ pub(super) async fn list(State(s): State<AdminState>) -> Response {
 
 /// `GET /workers/{id}` (or `/workers/{url}`)
 pub(super) async fn get(State(s): State<AdminState>, Path(raw): Path<String>) -> Response {
+    s.sessions.settle(SETTLE_WAIT).await;
     let registry = s.engine.registry();
     let (units, job) = match target(&raw) {
         None => return bad_id(&raw),

@@ -42,8 +42,6 @@ impl Request {
         match wait {
             Wait::Answer => self.session_answer(None),
             Wait::Prefill => self.prefill_answered(None),
-            // Counted or not, the answer goes on.
-            Wait::Counted => self.end_counted(),
         }
     }
 
@@ -54,34 +52,29 @@ impl Request {
     }
 
     /// Reports the request's end: on the session stream at once, or, while
-    /// there is none, in the root context's next batch. With `hold`, the
-    /// answer's last bytes wait (held) until the control plane has counted
-    /// it: `Flow::Wait` then (the caller pauses them). A VM's first
-    /// requests end before its session is up (it opens on the next tick):
-    /// with `hold`, their ends take a `Complete` call of their own, so that
-    /// their clients never find them in `/get_loads` either.
+    /// there is none, in the root context's next batch.
+    ///
+    /// An end on the session is not waited for: it goes up before the
+    /// answer's last bytes leave, and the control plane settles every
+    /// session before it shows loads (`control-plane/src/sessions.rs`), so
+    /// a client that has its answer never finds it in `/get_loads`. A VM's
+    /// first requests end before its session is up (it opens on the next
+    /// tick): with `hold`, their ends take a `Complete` call of their own,
+    /// and the answer's last bytes wait (held) until it is answered:
+    /// `Flow::Wait` then (the caller pauses them).
     pub(super) fn report_end(&mut self, completion: Completion, hold: bool) -> Flow {
         // While the control plane does not answer, its count is not
         // waited for: the end is sent (or queued) and the answer goes on.
         let hold = hold && !self.shared.reach_session.is_refused();
-        let ticket = completion.ticket;
         let up = SessionUp {
             kind: Some(Kind::End(completion)),
-            ack_end: hold,
+            ack_end: false,
         };
-        let message = up.encode_to_vec();
-        let session = &self.shared.session;
-        let sent = if hold {
-            let deadline = self.get_current_time() + REPORT_WAIT;
-            session.report_and_wait(self.context_id, ticket, &message, deadline)
-        } else {
-            session.report(self.context_id, &message)
-        };
-        if sent && hold {
-            self.hold(Hold::AnswerEnd, REPORT_WAIT);
-            return Flow::Wait;
-        }
-        if sent {
+        if self
+            .shared
+            .session
+            .report(self.context_id, &up.encode_to_vec())
+        {
             return Flow::Go;
         }
         let Some(Kind::End(completion)) = up.kind else {

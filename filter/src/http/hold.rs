@@ -93,10 +93,8 @@ impl Request {
                     _ => self.resume_http_response(),
                 }
             }
-            Hold::AnswerEnd => {
-                self.shared.session.forget_wait(ticket, Wait::Counted);
-                self.resume_http_response();
-            }
+            // Its `Complete` call is late: the answer goes on.
+            Hold::AnswerEnd => self.resume_http_response(),
         }
     }
 }

@@ -76,7 +76,7 @@ fn each_answer_goes_to_the_context_that_asked_once() {
     wait(&s, 100, 11, at(50));
     wait(&s, 200, 12, at(50));
     assert_eq!(
-        s.answered(200, Wait::Counted),
+        s.answered(200, Wait::Prefill),
         None,
         "not what it waits for"
     );
@@ -87,16 +87,16 @@ fn each_answer_goes_to_the_context_that_asked_once() {
 }
 
 #[test]
-fn a_prefill_wait_and_an_end_wait_of_one_request_both_get_their_answer() {
+fn two_waits_of_one_request_both_get_their_answer() {
     let s = Session::fake(1);
     up(&s, 7);
-    for kind in [Wait::Prefill, Wait::Counted] {
+    for kind in Wait::ALL {
         wait_for(&s, 100, kind, 11, at(50));
     }
-    // The end's acknowledgement first, then the prefill's outcome: the
-    // second wait was not lost to the first.
-    assert_eq!(s.answered(100, Wait::Counted), Some(11));
+    // The prefill's outcome first, then the answer: the second wait was
+    // not lost to the first.
     assert_eq!(s.answered(100, Wait::Prefill), Some(11));
+    assert_eq!(s.answered(100, Wait::Answer), Some(11));
     assert_eq!(s.waiting(), 0);
     // A finished request forgets all its waits.
     for kind in Wait::ALL {
@@ -105,12 +105,12 @@ fn a_prefill_wait_and_an_end_wait_of_one_request_both_get_their_answer() {
     s.forget(200);
     assert_eq!(s.waiting(), 0);
     // A request that gives up one wait keeps the other.
-    for kind in [Wait::Answer, Wait::Counted] {
+    for kind in Wait::ALL {
         wait_for(&s, 300, kind, 13, at(50));
     }
     s.forget_wait(300, Wait::Answer);
     assert_eq!(s.answered(300, Wait::Answer), None);
-    assert_eq!(s.answered(300, Wait::Counted), Some(13));
+    assert_eq!(s.answered(300, Wait::Prefill), Some(13));
 }
 
 #[test]
@@ -118,11 +118,11 @@ fn a_broken_stream_ends_the_waits_it_held_and_is_reopened_at_once() {
     let s = Session::fake(1);
     up(&s, 7);
     wait_for(&s, 100, Wait::Prefill, 11, at(500));
-    wait_for(&s, 200, Wait::Counted, 12, at(500));
+    wait_for(&s, 200, Wait::Prefill, 12, at(500));
     assert!(s.closed(3, at(10)).is_empty(), "not our stream");
     let mut ended = s.closed(7, at(10));
     ended.sort();
-    assert_eq!(ended, [(11, Wait::Prefill), (12, Wait::Counted)]);
+    assert_eq!(ended, [(11, Wait::Prefill), (12, Wait::Prefill)]);
     assert!(s.due(at(10)), "a stream that was up is reopened at once");
     // That try may reach the dead replica: once more at once, then the
     // backoff, doubling up to the cap.

@@ -288,6 +288,16 @@ async fn loads_zero_after_each_answer(stack: &Stack, n: usize, tag: &str) {
             .filter(|w| w["load"] != 0)
             .collect();
         assert!(busy.is_empty(), "after request {i}: {loads}");
+        // The worker list shows the same count.
+        let listed: serde_json::Value = client
+            .get(stack.url("/workers"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(listed["in_flight"], 0, "after request {i}: {listed}");
     }
 }
 
