@@ -29,6 +29,7 @@ pub mod enrollment;
 pub mod ext_proc;
 pub mod fleet_store;
 pub mod grpc_health;
+pub mod grpc_runtime;
 pub mod grpc_tls;
 pub mod k8s;
 pub mod kv_events;

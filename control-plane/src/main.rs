@@ -27,6 +27,7 @@ use sglang_envoy_control_plane::engine::exact::ExactCache;
 use sglang_envoy_control_plane::engine::{Engine, EngineOptions, Policies};
 use sglang_envoy_control_plane::enrollment::Enrollment;
 use sglang_envoy_control_plane::fleet_store::FleetStore;
+use sglang_envoy_control_plane::grpc_runtime::GrpcRuntime;
 use sglang_envoy_control_plane::kv_events::KvEvents;
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::sessions::Sessions;
@@ -311,6 +312,10 @@ impl ControlPlane {
             ..
         } = self;
         let grpc_addr = SocketAddr::new(args.host, args.grpc_port);
+        let grpc_threads = args
+            .grpc_threads
+            .unwrap_or(if engine.tokenizes() { 0 } else { 1 });
+        let grpc_runtime = GrpcRuntime::start(grpc_threads).context("the gRPC threads")?;
         // The filter sessions, registered by the gRPC service and settled
         // by the admin API before it shows loads.
         let sessions = Arc::new(Sessions::default());
@@ -346,6 +351,7 @@ impl ControlPlane {
                 .max_decoding_message_size(limit),
             )
             .serve(grpc_addr);
+        let grpc = grpc_runtime.spawn(grpc);
 
         let health_only = match args.grpc_health_port {
             Some(port) => {
@@ -407,7 +413,7 @@ impl ControlPlane {
             }
         };
         tokio::select! {
-            r = grpc => r.context("gRPC server failed")?,
+            r = grpc => r.context("gRPC server stopped")?.context("gRPC server failed")?,
             r = health_only => r.context("gRPC health server failed")?,
             r = admin => r.context("admin server failed")?,
             r = prometheus => r.context("metrics server failed")?,

@@ -388,6 +388,13 @@ pub struct Args {
     #[arg(long, default_value_t = 268_435_456)]
     pub ext_proc_max_buffered_bytes: usize,
 
+    /// Threads that serve the gRPC port (filter sessions, ext_proc, EDS)
+    /// apart from the rest of the control plane; 0 serves it on the main
+    /// runtime. Default: 1, or 0 when decisions tokenize prompts (exact
+    /// cache matching), which one thread would serialise.
+    #[arg(long)]
+    pub grpc_threads: Option<usize>,
+
     /// ext_proc front door (and endpoint picker): the destination it writes
     /// is the chosen endpoint alone (`one`, which every gateway takes), or
     /// that endpoint then distinct fallbacks (`list`, only where the

@@ -196,6 +196,12 @@ impl Engine {
         self
     }
 
+    /// Whether decisions tokenize prompts (exact cache matching): each
+    /// then costs far more than a lookup.
+    pub fn tokenizes(&self) -> bool {
+        self.exact.is_some()
+    }
+
     /// Whether decisions read request bodies (PD's prefill half, or exact
     /// cache matching): the front doors then send every body.
     pub fn wants_bodies(&self) -> bool {

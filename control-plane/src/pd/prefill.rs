@@ -4,6 +4,7 @@ use std::time::Duration;
 use sglang_envoy_body::{is_worker_failure, prefill_input_logprobs};
 use sglang_envoy_lifecycle::headers;
 use sglang_envoy_proto::PrefillOutcome;
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
@@ -39,6 +40,9 @@ pub struct PrefillDispatcher {
     metrics: Arc<Metrics>,
     /// Where each prefill's outcome goes to its worker's circuit breaker.
     registry: Arc<Registry>,
+    /// The runtime the dispatcher was made on, where prefill requests run:
+    /// not the gRPC port's own thread (`grpc_runtime.rs`), which decides.
+    runtime: Option<Handle>,
 }
 
 impl PrefillDispatcher {
@@ -57,12 +61,13 @@ impl PrefillDispatcher {
             timeout,
             metrics,
             registry,
+            runtime: Handle::try_current().ok(),
         }
     }
 
     /// Starts the prefill request; the handle follows it (the request's
     /// ticket keeps it with the decode's load). Must run inside a tokio
-    /// runtime.
+    /// runtime, unless the dispatcher was made in one.
     pub fn dispatch(&self, job: PrefillJob) -> PrefillHandle {
         // The prefill unit's load, held for as long as its request runs,
         // including when the task is aborted (client gone) or panics.
@@ -72,7 +77,7 @@ impl PrefillDispatcher {
         let timeout = self.timeout;
         let metrics = self.metrics.clone();
         let registry = self.registry.clone();
-        let task = tokio::spawn(async move {
+        let prefill = async move {
             let outcome = send(&client, timeout, &job).await;
             if !outcome.ok {
                 metrics.error("prefill_failed");
@@ -83,7 +88,11 @@ impl PrefillDispatcher {
             registry.record_outcome(&job.worker, !worker_failed);
             drop(guard);
             let _ = tx.send(Some(outcome));
-        });
+        };
+        let task = match &self.runtime {
+            Some(runtime) => runtime.spawn(prefill),
+            None => tokio::spawn(prefill),
+        };
         PrefillHandle::new(rx, task.abort_handle())
     }
 }
