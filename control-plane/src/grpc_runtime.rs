@@ -1,6 +1,7 @@
 //! The runtime the gRPC port is served on: by default a thread of its own,
 //! apart from the runtime that runs everything else (health checks, the
-//! admin API, PD prefill requests, the shared store).
+//! admin API, the shared store). What a question starts runs there too:
+//! PD prefill requests (`pd/prefill.rs`) and prefill waits.
 //!
 //! Why: the gRPC port's work is many small messages (a filter session's
 //! questions, answers and ends; ext_proc's exchanges), each a few
