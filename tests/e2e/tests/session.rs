@@ -273,14 +273,7 @@ async fn loads_zero_after_each_answer(stack: &Stack, n: usize, tag: &str) {
             .unwrap();
         assert_eq!(r.status(), 200);
         r.bytes().await.unwrap();
-        let loads: serde_json::Value = client
-            .get(stack.url("/get_loads"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let loads = read_json(&client, &stack.url("/get_loads")).await;
         let busy: Vec<_> = loads["workers"]
             .as_array()
             .unwrap()
@@ -289,16 +282,15 @@ async fn loads_zero_after_each_answer(stack: &Stack, n: usize, tag: &str) {
             .collect();
         assert!(busy.is_empty(), "after request {i}: {loads}");
         // The worker list shows the same count.
-        let listed: serde_json::Value = client
-            .get(stack.url("/workers"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let listed = read_json(&client, &stack.url("/workers")).await;
         assert_eq!(listed["in_flight"], 0, "after request {i}: {listed}");
     }
+}
+
+/// GETs `url` with `client` (kept alive, so the read follows the answer
+/// at once) and reads its JSON.
+async fn read_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
+    client.get(url).send().await.unwrap().json().await.unwrap()
 }
 
 /// Sends `n` completions at once; their statuses and how long each took.
