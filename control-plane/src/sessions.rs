@@ -10,6 +10,11 @@
 //! its messages in order, so by the time the session's reader meets the
 //! answer, it has counted every end the filter sent before it, including
 //! that client's.
+//!
+//! Loads can be read through Envoy's client port, as often as a client
+//! likes: reads that come while a round of syncs is out wait for the next
+//! round and share it, so each session has at most one sync in flight
+//! however many reads there are.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,7 +22,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use sglang_envoy_proto::SessionDown;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Mutex};
 use tokio::time::{timeout_at, Instant};
 use tonic::Status;
 
@@ -34,6 +39,9 @@ pub struct Sessions {
     next_id: AtomicU64,
     next_sync: AtomicU64,
     open: DashMap<u64, Open>,
+    /// Held while a round of syncs is out; it holds when the last round
+    /// started and how many sessions it missed.
+    last_round: Mutex<Option<(Instant, usize)>>,
 }
 
 /// What a settle needs of one open session.
@@ -102,7 +110,27 @@ impl Sessions {
     /// answer in time (or could not be asked: a session whose answers
     /// are backed up is left out rather than waited behind).
     pub async fn settle(&self, within: Duration) -> usize {
-        let deadline = Instant::now() + within;
+        let arrived = Instant::now();
+        let deadline = arrived + within;
+        let Ok(mut last) = timeout_at(deadline, self.last_round.lock()).await else {
+            // Rounds for earlier reads took the whole wait.
+            return self.len();
+        };
+        // A round whose syncs went out after this read arrived covers it.
+        if let Some((started, missed)) = *last {
+            if started >= arrived {
+                return missed;
+            }
+        }
+        let started = Instant::now();
+        let missed = self.round(deadline).await;
+        *last = Some((started, missed));
+        missed
+    }
+
+    /// Sends every open session a new sync and waits, until `deadline` at
+    /// most, for their answers; how many did not answer.
+    async fn round(&self, deadline: Instant) -> usize {
         let n = self.next_sync.fetch_add(1, Ordering::Relaxed) + 1;
         let sync = SessionDown {
             sync: n,
@@ -171,6 +199,37 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_millis(100));
         ender.await.unwrap();
         assert_eq!(sessions.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn reads_that_come_together_share_rounds_of_syncs() {
+        let sessions = Arc::new(Sessions::default());
+        let (tx, mut rx) = mpsc::channel(1024);
+        let session = sessions.open(tx);
+        let filter = tokio::spawn(async move {
+            let mut syncs = 0;
+            // Answers each sync a little later, until none comes for a while.
+            let quiet = Duration::from_millis(200);
+            while let Ok(Some(Ok(down))) = tokio::time::timeout(quiet, rx.recv()).await {
+                syncs += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                session.synced(down.sync);
+            }
+            syncs
+        });
+        let reads: Vec<_> = (0..200)
+            .map(|_| {
+                let sessions = sessions.clone();
+                tokio::spawn(async move { sessions.settle(Duration::from_secs(5)).await })
+            })
+            .collect();
+        for read in reads {
+            assert_eq!(read.await.unwrap(), 0);
+        }
+        let syncs = filter.await.unwrap();
+        // One round for the first read, one for those that came during
+        // it (and perhaps a few more as the reads trickle in), not 200.
+        assert!((1..=10).contains(&syncs), "{syncs} syncs for 200 reads");
     }
 
     #[tokio::test]
