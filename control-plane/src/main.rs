@@ -18,6 +18,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::Ex
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use sglang_envoy_lifecycle::{ClientKey, Mode};
 use sglang_envoy_proto::router_server::RouterServer;
+use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
 use sglang_envoy_control_plane::auth::{AdminAuth, AUDIT_TARGET};
@@ -349,9 +350,23 @@ impl ControlPlane {
                     args.destination_endpoints.into(),
                 ))
                 .max_decoding_message_size(limit),
-            )
-            .serve(grpc_addr);
-        let grpc = grpc_runtime.spawn(grpc);
+            );
+        // Bound here, before the admin port answers: whoever waits for
+        // `/health` (a test, a readiness probe) then finds the gRPC port
+        // taking connections too. Served on the gRPC thread, which may
+        // start a little later (Envoy's first connections wait in the
+        // backlog rather than being refused, and ejected).
+        let listener = std::net::TcpListener::bind(grpc_addr)
+            .with_context(|| format!("cannot listen on {grpc_addr}"))?;
+        listener
+            .set_nonblocking(true)
+            .context("the gRPC listener")?;
+        let grpc = grpc_runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            grpc.serve_with_incoming(incoming).await?;
+            anyhow::Ok(())
+        });
 
         let health_only = match args.grpc_health_port {
             Some(port) => {
