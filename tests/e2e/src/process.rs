@@ -106,17 +106,28 @@ impl Proc {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The last `n` lines of [`Proc::log`].
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = self.log();
+        let tail: Vec<&str> = log.lines().rev().take(n).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Whether the process has ended (or was killed).
+    pub fn exited(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => !matches!(c.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
 }
 
 impl Drop for Proc {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let log = self.log();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
             eprintln!("---- last lines of {} ----", self.name);
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
-            }
+            eprintln!("{}", self.log_tail(30));
         }
         self.kill();
     }

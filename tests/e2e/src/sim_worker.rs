@@ -12,6 +12,16 @@ use crate::stack::{get_json_with, ok_with, release_bin};
 use crate::tls::WorkerTls;
 use crate::{wait_until, KV_TIMEOUT_MS};
 
+/// What the simulator prints when its port is taken.
+const PORT_TAKEN: &str = "cannot listen on";
+
+/// How a start ended.
+enum Started {
+    Up,
+    Exited,
+    TimedOut,
+}
+
 /// One simulated SGLang worker process.
 pub struct SimWorker {
     /// `http://127.0.0.1:port` (`https://` for a TLS worker)
@@ -41,9 +51,58 @@ impl SimWorker {
         args: &[String],
         tls: Option<&WorkerTls>,
     ) -> anyhow::Result<SimWorker> {
-        let w = SimWorker::spawn_with(dir, free_port(), args, tls)?;
-        w.wait_healthy(Duration::from_secs(20)).await?;
-        Ok(w)
+        SimWorker::start_first_free(dir, free_port, args, tls).await
+    }
+
+    /// [`SimWorker::start_with`] on ports drawn from `port`. A port that
+    /// was free when drawn can be taken before the worker binds it (by
+    /// any process binding an ephemeral port, a worker's ZMQ publisher
+    /// among them); the worker then exits at once, and is started again
+    /// on the next port drawn.
+    async fn start_first_free(
+        dir: &Path,
+        mut port: impl FnMut() -> u16,
+        args: &[String],
+        tls: Option<&WorkerTls>,
+    ) -> anyhow::Result<SimWorker> {
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            let mut w = SimWorker::spawn_with(dir, port(), args, tls)?;
+            match w.started(Duration::from_secs(20)).await {
+                Started::Up => return Ok(w),
+                Started::Exited if attempt < ATTEMPTS && w.proc.log().contains(PORT_TAKEN) => {}
+                Started::Exited => bail!(
+                    "simulated worker {} exited before it was healthy:\n{}",
+                    w.url,
+                    w.proc.log_tail(30)
+                ),
+                Started::TimedOut => bail!(
+                    "simulated worker {} did not become healthy:\n{}",
+                    w.url,
+                    w.proc.log_tail(30)
+                ),
+            }
+        }
+        bail!("no port to start a simulated worker on")
+    }
+
+    /// Waits until `/health` answers 200, the process ends, or `timeout`.
+    async fn started(&mut self, timeout: Duration) -> Started {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.proc.exited() {
+                return Started::Exited;
+            }
+            // Bounded: whatever holds a taken port may accept and never answer.
+            let probe = tokio::time::timeout(Duration::from_secs(2), self.is_up());
+            if probe.await.unwrap_or(false) {
+                return Started::Up;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Started::TimedOut;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Starts a simulated worker on `port` without waiting for it (a
@@ -240,4 +299,26 @@ pub async fn longest_body_received(workers: &[SimWorker]) -> usize {
         }
     }
     longest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fresh_dir;
+
+    /// A port taken between being drawn and being bound costs one more
+    /// start, not the test.
+    #[tokio::test]
+    async fn a_worker_whose_port_was_taken_starts_on_another() {
+        let dir = fresh_dir(&format!("sglang-e2e-port-taken-{}", std::process::id()))
+            .expect("a directory");
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let taken_port = taken.local_addr().expect("its address").port();
+        let mut ports = [taken_port, free_port()].into_iter();
+        let w = SimWorker::start_first_free(&dir, || ports.next().unwrap_or(0), &[], None)
+            .await
+            .expect("started on the second port");
+        assert_ne!(w.port(), taken_port);
+        assert!(w.is_up().await);
+    }
 }
