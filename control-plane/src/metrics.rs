@@ -55,6 +55,7 @@ pub struct Metrics {
     worker_healthy: Family<WorkerLabel, Gauge>,
     worker_processed: Family<WorkerLabel, Gauge>,
     sessions: Gauge,
+    session_messages: Family<KindLabel, Counter>,
     kv_events_received: Family<WorkerLabel, Counter>,
     kv_events_gaps: Family<WorkerLabel, Counter>,
     worker_kv_blocks: Family<WorkerLabel, Gauge>,
@@ -69,6 +70,11 @@ pub struct Metrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DirectionLabel {
     direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -114,6 +120,7 @@ impl Metrics {
             worker_healthy: Family::default(),
             worker_processed: Family::default(),
             sessions: Gauge::default(),
+            session_messages: Family::default(),
             kv_events_received: Family::default(),
             kv_events_gaps: Family::default(),
             worker_kv_blocks: Family::default(),
@@ -216,6 +223,11 @@ impl Metrics {
             m.sessions.clone(),
         );
         registry.register(
+            "sgl_router_filter_session_messages",
+            "Messages filters sent up their session streams, by kind (route, end, prefill, synced): the per-request exchange's cost",
+            m.session_messages.clone(),
+        );
+        registry.register(
             "sgl_router_kv_events_received",
             "KV-event messages received per worker (all DP ranks), well-formed or not",
             m.kv_events_received.clone(),
@@ -305,6 +317,13 @@ impl Metrics {
     /// How many other control planes' counts were read last.
     pub fn fleet_store_peers(&self, n: usize) {
         self.fleet_store_peers.set(n as i64);
+    }
+
+    /// A filter sent a message of `kind` up its session.
+    pub fn session_message(&self, kind: &'static str) {
+        self.session_messages
+            .get_or_create(&KindLabel { kind })
+            .inc();
     }
 
     /// A filter's session stream opened (`+1`) or ended (`-1`).

@@ -60,30 +60,58 @@ impl FilterSession {
                     break;
                 }
             };
-            if let Some(Kind::Prefill(wait)) = &up.kind {
-                // Answered when the prefill ends, without holding up the
-                // session's other questions.
-                let (engine, answers, ticket) = (self.engine.clone(), answers.clone(), wait.ticket);
-                tokio::spawn(async move {
-                    let outcome = engine.await_prefill(ticket).await;
-                    let down = SessionDown {
-                        ticket,
-                        prefill: Some(outcome),
-                        ..Default::default()
-                    };
-                    // Fails only when the session is over: nobody waits.
-                    let _ = answers.send(Ok(down)).await;
-                });
-                continue;
-            }
-            let Some(down) = self.take(up) else {
-                continue;
-            };
-            if answers.send(Ok(down)).await.is_err() {
+            if !self.handle(up, &answers).await {
                 // Envoy stopped reading answers: the session is over.
                 break;
             }
         }
+    }
+
+    /// One message from the filter, answered on `answers` if it asks for
+    /// an answer. False once nobody reads answers.
+    async fn handle(
+        &mut self,
+        up: SessionUp,
+        answers: &mpsc::Sender<Result<SessionDown, Status>>,
+    ) -> bool {
+        self.engine.metrics().session_message(kind_name(&up));
+        if let Some(Kind::Prefill(wait)) = &up.kind {
+            self.send_prefill_outcome(wait.ticket, answers);
+            return true;
+        }
+        let Some(down) = self.take(up) else {
+            return true;
+        };
+        // Its outcome goes after the decision (the filter must know the
+        // ticket awaits one before it comes).
+        let follows = prefill_follows(&down).then_some(down.ticket);
+        if answers.send(Ok(down)).await.is_err() {
+            return false;
+        }
+        if let Some(ticket) = follows {
+            self.send_prefill_outcome(ticket, answers);
+        }
+        true
+    }
+
+    /// Sends the outcome of `ticket`'s prefill half once it has ended,
+    /// without holding up the session's other questions.
+    fn send_prefill_outcome(
+        &self,
+        ticket: u64,
+        answers: &mpsc::Sender<Result<SessionDown, Status>>,
+    ) {
+        let (engine, answers) = (self.engine.clone(), answers.clone());
+        tokio::spawn(async move {
+            let outcome = engine.await_prefill(ticket).await;
+            let down = SessionDown {
+                ticket,
+                prefill: Some(outcome),
+                ..Default::default()
+            };
+            // Fails only when the session is over: nobody waits.
+            let _ = answers.send(Ok(down)).await;
+        });
     }
 
     /// One message from the filter; the answer to send, if it asks.
@@ -91,8 +119,13 @@ impl FilterSession {
         match up.kind? {
             Kind::Route(request) => {
                 let ticket = request.ticket;
+                let follows = request.prefill_follows;
                 let question = Question::from(request);
-                let response = wire::response_of(self.engine.route(&question));
+                let mut response = wire::response_of(self.engine.route(&question));
+                if let Some(route_response::Outcome::Decision(d)) = &mut response.outcome {
+                    // `run` sends the outcome when the filter asked for it.
+                    d.prefill_follows = follows && d.await_prefill;
+                }
                 if holds_load(&response) {
                     self.open.insert(ticket);
                 }
@@ -145,6 +178,26 @@ impl Drop for FilterSession {
 
 /// Whether the answer counted load the request's end must release (a
 /// decision with a ticket, or a place in the admission queue).
+/// The `kind` label of `up` in the session message counter.
+fn kind_name(up: &SessionUp) -> &'static str {
+    match up.kind {
+        Some(Kind::Route(_)) => "route",
+        Some(Kind::End(_)) => "end",
+        Some(Kind::Prefill(_)) => "prefill",
+        Some(Kind::Synced(_)) => "synced",
+        None => "empty",
+    }
+}
+
+/// Whether `down` is a decision whose prefill outcome the filter was
+/// promised unasked.
+fn prefill_follows(down: &SessionDown) -> bool {
+    matches!(
+        down.route.as_ref().and_then(|r| r.outcome.as_ref()),
+        Some(route_response::Outcome::Decision(d)) if d.prefill_follows
+    )
+}
+
 fn holds_load(response: &sglang_envoy_proto::RouteResponse) -> bool {
     match &response.outcome {
         Some(route_response::Outcome::Decision(d)) => d.ticket != 0,
@@ -236,6 +289,78 @@ mod tests {
         };
         assert_eq!(s.take(synced), None);
         assert_eq!(settling.await.unwrap(), 0, "every session answered");
+    }
+
+    /// A PD question asked on the session with `prefill_follows` (of the
+    /// `pd` engine): its decision and what comes down after it.
+    async fn pd_question(prefill_follows: bool) -> (SessionDown, Filter) {
+        let engine = Arc::new(crate::engine::tests::pd_engine());
+        let (answers, filter) = mpsc::channel(4);
+        let mut s = FilterSession::new(engine, Arc::new(Sessions::default()).open(answers.clone()));
+        let up = SessionUp {
+            kind: Some(Kind::Route(RouteRequest {
+                path: "/generate".into(),
+                method: "POST".into(),
+                routing_text: b"hello".to_vec(),
+                body: br#"{"text":"hello"}"#.to_vec(),
+                ticket: 2,
+                prefill_follows,
+                ..Default::default()
+            })),
+            ack_end: false,
+        };
+        assert!(s.handle(up, &answers).await);
+        let mut filter = filter;
+        let down = filter.recv().await.unwrap().unwrap();
+        (
+            down,
+            Filter {
+                answers: filter,
+                _session: s,
+                _sender: answers,
+            },
+        )
+    }
+
+    /// The filter's end of a session, which it keeps open.
+    struct Filter {
+        answers: mpsc::Receiver<Result<SessionDown, Status>>,
+        _session: FilterSession,
+        _sender: mpsc::Sender<Result<SessionDown, Status>>,
+    }
+
+    fn decision_of(down: &SessionDown) -> &sglang_envoy_proto::Decision {
+        match down.route.as_ref().and_then(|r| r.outcome.as_ref()) {
+            Some(route_response::Outcome::Decision(d)) => d,
+            other => panic!("expected a decision, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_prefill_outcome_asked_for_with_the_question_comes_unasked_after_its_decision() {
+        let (down, mut filter) = pd_question(true).await;
+        let d = decision_of(&down);
+        assert!(d.await_prefill && d.prefill_follows);
+        // The prefill "server" is a closed port: it fails fast.
+        let next = tokio::time::timeout(std::time::Duration::from_secs(5), filter.answers.recv())
+            .await
+            .expect("the outcome comes without a SessionUp.prefill")
+            .unwrap()
+            .unwrap();
+        assert_eq!(next.ticket, 2);
+        let outcome = next.prefill.expect("a prefill outcome");
+        assert_eq!((outcome.ok, outcome.http_status), (false, 502));
+    }
+
+    #[tokio::test]
+    async fn without_prefill_follows_the_outcome_waits_to_be_asked() {
+        let (down, mut filter) = pd_question(false).await;
+        let d = decision_of(&down);
+        assert!(d.await_prefill && !d.prefill_follows);
+        let next =
+            tokio::time::timeout(std::time::Duration::from_millis(500), filter.answers.recv())
+                .await;
+        assert!(next.is_err(), "nothing unasked: {next:?}");
     }
 
     #[tokio::test]

@@ -214,15 +214,22 @@ impl Session {
         message: &[u8],
         deadline: SystemTime,
     ) -> bool {
-        if !self.send(context, message) {
+        self.send(context, message) && self.expect_prefill(context, ticket, deadline)
+    }
+
+    /// PD: waits until `deadline` for the outcome of the prefill half sent
+    /// for `ticket`, which the control plane sends unasked. False when the
+    /// stream is not up (the outcome promised on it will not come).
+    pub fn expect_prefill(&self, context: u32, ticket: u64, deadline: SystemTime) -> bool {
+        let mut inner = self.0.borrow_mut();
+        if !matches!(inner.link, Link::Up { .. }) {
             return false;
         }
         let waiter = Waiter {
             context,
             resend: Resend::Never,
         };
-        self.0
-            .borrow_mut()
+        inner
             .waiting
             .insert((ticket, Wait::Prefill), deadline, waiter);
         true

@@ -326,6 +326,8 @@ impl Engine {
             stream: req.stream,
             prefill: Some(FollowPrefill {
                 merge_input_logprobs: want_logprobs,
+                // The session says so when it sends the outcome unasked.
+                outcome_follows: false,
             }),
             predicted: None,
         })

@@ -316,7 +316,7 @@ async fn manual_policy_keeps_a_key_on_its_prefill_and_decode_pair() {
     assert_eq!(prefills.len(), 2, "12 keys on one prefill worker");
 }
 
-fn pd_engine() -> Engine {
+pub(crate) fn pd_engine() -> Engine {
     let prefill = WorkerSpec::Prefill {
         bootstrap_port: Some(9),
     };

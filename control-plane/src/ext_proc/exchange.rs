@@ -280,7 +280,7 @@ impl Exchange {
     /// metadata (`envoy.lb`), as the picker protocol asks. `original` is
     /// the body as received (sent back in full duplex when not edited).
     fn forward(&mut self, f: Forward, original: Vec<u8>) -> Next {
-        self.follow_prefill = f.await_prefill;
+        self.follow_prefill = f.prefill.is_some();
         let mut mutation = HeaderMutation {
             set_headers: vec![set_header(ENDPOINT_HEADER, &f.endpoints)],
             ..Default::default()

@@ -6,7 +6,7 @@ use std::time::Duration;
 use log::{debug, warn};
 use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
-use sglang_envoy_lifecycle::{wire, LocalReply, Question, Step, Unrouted};
+use sglang_envoy_lifecycle::{wire, FollowPrefill, LocalReply, Question, Step, Unrouted};
 use sglang_envoy_proto::session_up::Kind;
 use sglang_envoy_proto::{
     AdmissionOutcome, AdmissionWait, CompleteRequest, Completion, PrefillOutcome, PrefillWait,
@@ -147,6 +147,8 @@ impl Request {
         }
         if on_session {
             let ticket = request.ticket;
+            // A PD prefill's outcome then comes unasked after the answer.
+            request.prefill_follows = true;
             let up = SessionUp {
                 kind: Some(Kind::Route(request)),
                 ack_end: false,
@@ -163,6 +165,7 @@ impl Request {
                 return self.run_no_answer();
             };
             request = r;
+            request.prefill_follows = false;
         }
         let encoded = request.encode_to_vec();
         if self.call("Route", &encoded, self.route_timeout(), Call::Route) {
@@ -196,9 +199,16 @@ impl Request {
     /// Follows the prefill half the control plane sent: the request may go
     /// on. When that cannot be asked, the client is answered instead and
     /// the request waits for nothing more (`Flow::Wait`: kept paused).
-    pub(super) fn await_prefill(&mut self) -> Flow {
+    pub(super) fn await_prefill(&mut self, follow: FollowPrefill) -> Flow {
         let timeout = Duration::from_millis(self.shared.config.prefill_timeout_ms);
-        if self.ask_prefill(timeout, Call::Prefill) {
+        // Promised on the session (`prefill_follows`): waited for unasked,
+        // unless that session is gone since.
+        let deadline = self.get_current_time() + timeout;
+        let session = &self.shared.session;
+        let waits = (follow.outcome_follows
+            && session.expect_prefill(self.context_id, self.lc.ticket(), deadline))
+            || self.ask_prefill(timeout, Call::Prefill);
+        if waits {
             self.prefill_sent();
             return Flow::Go;
         }

@@ -41,8 +41,10 @@ impl Request {
 
     /// Sends the request on, edited as the decision says.
     fn forward(&mut self, f: Forward) -> Flow {
-        if f.await_prefill && self.await_prefill() == Flow::Wait {
-            return Flow::Wait;
+        if let Some(follow) = f.prefill {
+            if self.await_prefill(follow) == Flow::Wait {
+                return Flow::Wait;
+            }
         }
         if let Some(body) = &f.body {
             self.set_http_request_body(0, self.lc.body_bytes(), body);

@@ -248,3 +248,18 @@ fn late_questions_expire_and_are_forgotten() {
     s.forget(200);
     assert!(s.expired(at(1_000)).is_empty());
 }
+
+#[test]
+fn a_promised_prefill_outcome_is_waited_for_only_on_a_stream_that_is_up() {
+    let s = Session::fake(1);
+    // No stream: the outcome promised on the last one will not come, and
+    // the request must ask for it another way.
+    assert!(!s.expect_prefill(11, 100, at(50)));
+    assert_eq!(s.answered(100, Wait::Prefill), None);
+    s.opened(7);
+    assert!(!s.expect_prefill(11, 100, at(50)), "opening, not up");
+    s.confirmed(7, at(0));
+    assert!(s.expect_prefill(11, 100, at(50)));
+    assert_eq!(flush(&s, 7), Vec::<Vec<u8>>::new(), "nothing asked");
+    assert_eq!(s.answered(100, Wait::Prefill), Some(11));
+}

@@ -447,7 +447,7 @@ impl Lifecycle {
             endpoints: decision.endpoints.join(","),
             headers: decision.request_headers,
             body,
-            await_prefill: decision.prefill.is_some(),
+            prefill: decision.prefill,
             worker: decision.worker,
         })
     }

@@ -96,6 +96,9 @@ pub struct Routed {
 pub struct FollowPrefill {
     /// Merge its input logprobs into the answer (the client asked for them).
     pub merge_input_logprobs: bool,
+    /// Its outcome comes on the filter's session unasked (the question
+    /// asked for it there): wait for it without asking.
+    pub outcome_follows: bool,
 }
 
 /// Why a question got no decision.

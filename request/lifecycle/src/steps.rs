@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sglang_envoy_proto::Completion;
 
-use crate::question::Question;
+use crate::question::{FollowPrefill, Question};
 use crate::reply::LocalReply;
 
 /// What to do after the request head.
@@ -78,7 +78,7 @@ pub struct Forward {
     pub body: Option<Vec<u8>>,
     /// PD: follow the prefill half the control plane sent (its outcome
     /// arrives through [`crate::Lifecycle::on_prefill`]).
-    pub await_prefill: bool,
+    pub prefill: Option<FollowPrefill>,
     /// The chosen worker, for logs.
     pub worker: String,
 }

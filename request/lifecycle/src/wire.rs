@@ -59,6 +59,8 @@ impl From<Question> for RouteRequest {
                 .map(|(name, value)| Header { name, value })
                 .collect(),
             body: q.body,
+            // Set by the filter when the question goes on its session.
+            prefill_follows: false,
         }
     }
 }
@@ -82,6 +84,7 @@ pub fn answer_of(response: RouteResponse) -> Answer {
                 .collect(),
             prefill: d.await_prefill.then_some(FollowPrefill {
                 merge_input_logprobs: d.merge_input_logprobs,
+                outcome_follows: d.prefill_follows,
             }),
             report_cached_tokens: d.report_cached_tokens,
         }),
@@ -116,6 +119,7 @@ pub fn response_of(answer: Answer) -> RouteResponse {
                 .map(|(name, value)| Header { name, value })
                 .collect(),
             report_cached_tokens: r.report_cached_tokens,
+            prefill_follows: r.prefill.is_some_and(|p| p.outcome_follows),
         }),
         Err(Unrouted::Rejected(reply)) => Outcome::Rejection(Rejection {
             http_status: u32::from(reply.status),
@@ -155,6 +159,7 @@ mod tests {
                 request_headers: vec![("x-envoy-max-retries".into(), "1".into())],
                 prefill: Some(FollowPrefill {
                     merge_input_logprobs: true,
+                    outcome_follows: true,
                 }),
                 report_cached_tokens: true,
             }),

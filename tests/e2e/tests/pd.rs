@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sglang_envoy_e2e::{
-    expect_openai_error, venv_python, wait_until, PdOptions, SimWorker, Stack, StackOptions,
-    KV_TIMEOUT_MS,
+    expect_openai_error, venv_python, wait_until, FrontDoor, PdOptions, SimWorker, Stack,
+    StackOptions, KV_TIMEOUT_MS,
 };
 
 async fn pd_stack(pd: PdOptions, policy: &str) -> Stack {
@@ -91,6 +91,37 @@ async fn both_halves_get_the_same_bootstrap_fields_and_the_client_the_decode_ans
     assert_eq!(db["max_tokens"], 7);
     assert_eq!(kv_fetched(d).await, 1, "the decode worker fetched the KV");
     assert!(stack.wait_loads_zero(Duration::from_secs(5)).await);
+}
+
+/// The filter asks once a request on its session; the prefill half's
+/// outcome comes down unasked after the decision (`prefill_follows`), so
+/// no `SessionUp.prefill` goes up, and no answer is held waiting for one
+/// (the filter would hold it for its prefill timeout, 30 minutes).
+#[tokio::test]
+async fn a_pd_request_sends_no_prefill_wait_up_the_session() {
+    if FrontDoor::current().is_ext_proc() {
+        return; // no session: ext_proc's stream is per request
+    }
+    let stack = pd_stack(PdOptions::default(), "round_robin").await;
+    let started = Instant::now();
+    for i in 0..10 {
+        let body = chat(&format!("question {i}"), 3, i % 2 == 1);
+        let r = stack.post("/v1/chat/completions", &body).await;
+        assert_eq!(r.status(), 200);
+        assert!(!r.bytes().await.unwrap_or_default().is_empty());
+    }
+    assert!(started.elapsed() < Duration::from_secs(30), "answers held");
+    assert_eq!(kv_fetched(&stack.decodes[0]).await, 10);
+    assert!(stack.wait_loads_zero(Duration::from_secs(5)).await);
+    let text = stack.metrics().await;
+    let sent = |kind: &str| {
+        let line = format!("sgl_router_filter_session_messages_total{{kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line)?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(sent("route") >= 10.0, "{text}");
+    assert_eq!(sent("prefill"), 0.0, "{text}");
 }
 
 #[tokio::test]

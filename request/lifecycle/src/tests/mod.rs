@@ -70,6 +70,7 @@ fn decision(pd: bool, merge: bool) -> Answer {
         request_headers: Vec::new(),
         prefill: pd.then_some(FollowPrefill {
             merge_input_logprobs: merge,
+            outcome_follows: false,
         }),
         report_cached_tokens: false,
     })
@@ -92,7 +93,7 @@ fn forwarded(pd: bool, merge: bool, body_while_head_held: bool) -> Lifecycle {
     let Step::Forward(f) = lc.on_answer(decision(pd, merge), &client()) else {
         panic!("a decision forwards");
     };
-    assert_eq!(f.await_prefill, pd);
+    assert_eq!(f.prefill.is_some(), pd);
     lc
 }
 
