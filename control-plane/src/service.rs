@@ -48,7 +48,13 @@ impl Router for RouterService {
         let registration = self.sessions.open(tx.clone());
         let session = FilterSession::new(self.engine.clone(), registration);
         tokio::spawn(session.run(request.into_inner(), tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let mut response = Response::new(Box::pin(ReceiverStream::new(rx)) as SessionAnswers);
+        // Filters may send ends with their next message (`SessionUp.ends`).
+        response.metadata_mut().insert(
+            sglang_envoy_proto::ENDS_RIDE_METADATA,
+            tonic::metadata::MetadataValue::from_static(sglang_envoy_proto::ENDS_RIDE),
+        );
+        Ok(response)
     }
 
     async fn route(

@@ -75,6 +75,10 @@ impl FilterSession {
         answers: &mpsc::Sender<Result<SessionDown, Status>>,
     ) -> bool {
         self.engine.metrics().session_message(kind_name(&up));
+        // Ends that rode up with this message came before it.
+        for c in &up.ends {
+            self.end(c);
+        }
         if let Some(Kind::Prefill(wait)) = &up.kind {
             self.send_prefill_outcome(wait.ticket, answers);
             return true;
@@ -185,6 +189,7 @@ fn kind_name(up: &SessionUp) -> &'static str {
         Some(Kind::End(_)) => "end",
         Some(Kind::Prefill(_)) => "prefill",
         Some(Kind::Synced(_)) => "synced",
+        None if !up.ends.is_empty() => "ends",
         None => "empty",
     }
 }
@@ -235,6 +240,7 @@ mod tests {
                 ..Default::default()
             })),
             ack_end: false,
+            ends: Vec::new(),
         }
     }
 
@@ -246,6 +252,7 @@ mod tests {
                 ..Default::default()
             })),
             ack_end,
+            ends: Vec::new(),
         }
     }
 
@@ -286,6 +293,7 @@ mod tests {
         let synced = SessionUp {
             kind: Some(Kind::Synced(sync)),
             ack_end: false,
+            ends: Vec::new(),
         };
         assert_eq!(s.take(synced), None);
         assert_eq!(settling.await.unwrap(), 0, "every session answered");
@@ -308,6 +316,7 @@ mod tests {
                 ..Default::default()
             })),
             ack_end: false,
+            ends: Vec::new(),
         };
         assert!(s.handle(up, &answers).await);
         let mut filter = filter;

@@ -10,7 +10,7 @@ use proxy_wasm::types::{BufferType, ContextType};
 use sglang_envoy_lifecycle::{random, LocalReply, TicketSource};
 use sglang_envoy_proto::{
     session_up::Kind, CompleteRequest, Completion, SessionDown, SessionUp, WorkersRequest,
-    WorkersSnapshot, SERVICE_NAME,
+    WorkersSnapshot, ENDS_RIDE, ENDS_RIDE_METADATA, SERVICE_NAME,
 };
 
 use crate::body_wait::BodyWaits;
@@ -148,7 +148,10 @@ impl Context for Root {
         // Empty: Envoy's own failure of the stream, whose trailers follow.
         if entries > 0 {
             let now = self.get_current_time();
-            self.shared.session.confirmed(token_id, now);
+            let ends_ride = self
+                .get_grpc_stream_initial_metadata_value(ENDS_RIDE_METADATA)
+                .is_some_and(|v| v == ENDS_RIDE.as_bytes());
+            self.shared.session.confirmed(token_id, now, ends_ride);
             self.shared.reach_session.answered(now);
         }
     }
@@ -174,6 +177,7 @@ impl Context for Root {
             let synced = SessionUp {
                 kind: Some(Kind::Synced(down.sync)),
                 ack_end: false,
+                ends: Vec::new(),
             };
             session.answer_sync(&synced.encode_to_vec());
         } else if let Some(outcome) = down.prefill {
@@ -228,6 +232,10 @@ impl RootContext for Root {
         self.keep_session();
         // Acting as the root, which owns the stream.
         self.shared.session.flush(session::send_on);
+        // Ends that were riding up a stream that broke.
+        for end in self.shared.session.take_unsent_ends() {
+            self.shared.queue.push(end);
+        }
         self.refresh_workers();
         self.report();
         self.time_out_questions();

@@ -21,13 +21,23 @@
 //! Questions asked while a stream is opening wait for it the same way
 //! rather than take calls of their own: a request's question and its end
 //! then travel on one stream, to the one replica that counted its load.
+//!
+//! A control plane that says so when the stream opens (`ENDS_RIDE_METADATA`)
+//! takes ends with the stream's next message (`SessionUp.ends`): an end
+//! waits here for the next question, `synced` or tick, and costs no
+//! message of its own. The control plane reads them before the message
+//! they ride with, so this VM's next question is routed on loads that
+//! count them.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use log::warn;
+use prost::Message;
 use proxy_wasm::hostcalls;
+use sglang_envoy_proto::session_up::Kind;
+use sglang_envoy_proto::{Completion, SessionUp};
 
 use crate::deadlines::Deadlines;
 
@@ -45,6 +55,8 @@ const STEADY: Duration = Duration::from_secs(1);
 /// Larger questions (PD bodies) take a call of their own rather than hold
 /// up every other request's question behind them on the one stream.
 pub const MAX_QUESTION_BYTES: usize = 256 << 10;
+/// Ends kept for the next message at most; one more sends them at once.
+const MAX_RIDING_ENDS: usize = 64;
 
 /// The state of the VM's stream to the control plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,10 +75,12 @@ enum Link {
     Opening { token: u32, backoff: Duration },
     /// The control plane answered (at `since`): questions and ends go on
     /// it. `backoff` is the opening's, for a stream that breaks too soon.
+    /// `ends_ride`: its control plane takes ends with the next message.
     Up {
         token: u32,
         since: SystemTime,
         backoff: Duration,
+        ends_ride: bool,
     },
 }
 
@@ -120,6 +134,15 @@ struct Inner {
     /// counted at once, and neither wait may replace the other (the answer
     /// to the replaced one would be dropped, and its request left waiting).
     waiting: Deadlines<(u64, Wait), Waiter>,
+    /// Ends waiting to ride up with the stream's next message: encoded
+    /// `SessionUp.ends` entries (protobuf fields concatenate, so these
+    /// bytes prepended to any encoded `SessionUp` add them to it).
+    riding: Vec<u8>,
+    /// How many ends `riding` holds.
+    riding_count: usize,
+    /// Ends that were riding when their stream broke, for the root's
+    /// batched `Complete`.
+    unsent: Vec<Completion>,
 }
 
 /// One VM's session, shared by its root context and its requests (the VM
@@ -144,6 +167,9 @@ impl Session {
                 questions_wait: false,
             },
             waiting: Deadlines::default(),
+            riding: Vec::new(),
+            riding_count: 0,
+            unsent: Vec::new(),
         })))
     }
 
@@ -199,10 +225,56 @@ impl Session {
         true
     }
 
-    /// Reports a request's end from `context`. False when it could not be
-    /// sent (the caller queues it for the root's batched report).
-    pub fn report(&self, context: u32, message: &[u8]) -> bool {
-        self.send(context, message)
+    /// Reports a request's end from `context`: kept to ride up with the
+    /// next message when the control plane takes that, else sent. Given
+    /// back when it could not be sent (the caller queues it for the
+    /// root's batched report).
+    pub fn report_end(&self, context: u32, end: Completion) -> Result<(), Completion> {
+        if !self.ends_ride() {
+            let up = SessionUp {
+                kind: Some(Kind::End(end)),
+                ..Default::default()
+            };
+            if self.send(context, &up.encode_to_vec()) {
+                return Ok(());
+            }
+            return match up.kind {
+                Some(Kind::End(end)) => Err(end),
+                _ => Ok(()),
+            };
+        }
+        let full = {
+            let mut inner = self.0.borrow_mut();
+            let entry = SessionUp {
+                ends: vec![end],
+                ..Default::default()
+            };
+            entry.encode_raw(&mut inner.riding);
+            inner.riding_count += 1;
+            inner.riding_count >= MAX_RIDING_ENDS
+        };
+        if full {
+            // Alone: an empty message carries just the ends.
+            self.send(context, &[]);
+        }
+        Ok(())
+    }
+
+    /// True when the stream is up and its control plane takes riding ends.
+    fn ends_ride(&self) -> bool {
+        matches!(
+            self.0.borrow().link,
+            Link::Up {
+                ends_ride: true,
+                ..
+            }
+        )
+    }
+
+    /// Ends that were riding when their stream broke (or could not go up
+    /// with a message): the root reports them with a `Complete` call.
+    pub fn take_unsent_ends(&self) -> Vec<Completion> {
+        std::mem::take(&mut self.0.borrow_mut().unsent)
     }
 
     /// PD: asks for the outcome of the prefill half sent for `ticket` and
@@ -239,10 +311,10 @@ impl Session {
     /// context (which owns it). Every end sent before has gone up before
     /// it: the control plane counted them once it reads this.
     pub fn answer_sync(&self, message: &[u8]) -> bool {
-        match self.0.borrow().link {
-            Link::Up { token, .. } => send_on(token, message),
-            _ => false,
-        }
+        let Link::Up { token, .. } = self.0.borrow().link else {
+            return false;
+        };
+        self.with_riding(message, |out| send_on(token, out))
     }
 
     /// The request with `ticket` no longer waits (it ended).
@@ -268,7 +340,32 @@ impl Session {
                 _ => return false,
             }
         };
-        send(root, context, token, message)
+        self.with_riding(message, |out| send(root, context, token, out))
+    }
+
+    /// Sends `message` through `send` with the riding ends prepended; they
+    /// are gone once it is sent, and kept for the next message otherwise.
+    /// (No borrow is held while sending: the host may call back.)
+    fn with_riding(&self, message: &[u8], send: impl FnOnce(&[u8]) -> bool) -> bool {
+        let (mut out, count) = {
+            let mut inner = self.0.borrow_mut();
+            let count = std::mem::take(&mut inner.riding_count);
+            (std::mem::take(&mut inner.riding), count)
+        };
+        if count == 0 {
+            return send(message);
+        }
+        let riding = out.len();
+        out.extend_from_slice(message);
+        if send(&out) {
+            return true;
+        }
+        out.truncate(riding);
+        let mut inner = self.0.borrow_mut();
+        out.append(&mut inner.riding);
+        inner.riding = out;
+        inner.riding_count += count;
+        false
     }
 
     // What the root context does.
@@ -304,7 +401,8 @@ impl Session {
     /// ([`Session::flush`]), by when a stream that failed is closed. (A
     /// send from this callback met the closing stream and Envoy called back
     /// into the SDK's dispatcher, which panicked: proxy-wasm 0.2.5.)
-    pub fn confirmed(&self, token: u32, now: SystemTime) {
+    /// `ends_ride`: its control plane takes ends with the next message.
+    pub fn confirmed(&self, token: u32, now: SystemTime, ends_ride: bool) {
         let mut inner = self.0.borrow_mut();
         if let Link::Opening { token: t, backoff } = inner.link {
             if t == token {
@@ -312,6 +410,7 @@ impl Session {
                     token,
                     since: now,
                     backoff,
+                    ends_ride,
                 };
             }
         }
@@ -320,11 +419,14 @@ impl Session {
     /// Sends the questions waiting for a stream, when one is up, through
     /// `send` (the root passes [`send_on`]; false when a message could not
     /// be sent: it stays queued, and its deadline ends its wait).
+    /// Ends still riding go up alone (the tick bounds how long an end
+    /// waits).
     pub fn flush(&self, mut send: impl FnMut(u32, &[u8]) -> bool) {
-        let mut inner = self.0.borrow_mut();
-        let Link::Up { token, .. } = inner.link else {
+        let Link::Up { token, .. } = self.0.borrow().link else {
             return;
         };
+        self.with_riding(&[], |out| out.is_empty() || send(token, out));
+        let mut inner = self.0.borrow_mut();
         for (_, waiter) in inner.waiting.iter_mut() {
             let Resend::Queued { message, again } = &mut waiter.resend else {
                 continue;
@@ -373,6 +475,14 @@ impl Session {
     /// and the waits that are over.
     fn broke(&self, now: SystemTime) -> Vec<(u32, Wait)> {
         let mut inner = self.0.borrow_mut();
+        // Their stream's control plane releases what it counted on it; the
+        // batched report tells whichever answers next (a no-op for tickets
+        // it does not hold).
+        let riding = std::mem::take(&mut inner.riding);
+        inner.riding_count = 0;
+        if let Ok(up) = SessionUp::decode(riding.as_slice()) {
+            inner.unsent.extend(up.ends);
+        }
         inner.link = match inner.link {
             // It had worked: its replica may be gone, another may be up.
             Link::Up { since, .. } if now >= since + STEADY => Link::Down {

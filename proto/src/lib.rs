@@ -17,6 +17,14 @@ pub use v1::*;
 /// Fully qualified gRPC service name, as the filter dispatches it.
 pub const SERVICE_NAME: &str = "sglang.envoy.router.v1.Router";
 
+/// Initial metadata of a control plane's `Session` answer: it counts the
+/// ends that ride up in `SessionUp.ends` (value [`ENDS_RIDE`]). Filters
+/// send ends on their own to control planes without it.
+pub const ENDS_RIDE_METADATA: &str = "x-sglang-session-ends";
+
+/// The value of [`ENDS_RIDE_METADATA`].
+pub const ENDS_RIDE: &str = "ride";
+
 /// The request header carrying a client's sticky-session key (sglang-router's
 /// `X-SMG-Routing-Key`, lower-cased as Envoy hands headers over). Both front
 /// doors copy it into [`RouteRequest::routing_key`].

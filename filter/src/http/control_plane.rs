@@ -66,18 +66,7 @@ impl Request {
         // While the control plane does not answer, its count is not
         // waited for: the end is sent (or queued) and the answer goes on.
         let hold = hold && !self.shared.reach_session.is_refused();
-        let up = SessionUp {
-            kind: Some(Kind::End(completion)),
-            ack_end: false,
-        };
-        if self
-            .shared
-            .session
-            .report(self.context_id, &up.encode_to_vec())
-        {
-            return Flow::Go;
-        }
-        let Some(Kind::End(completion)) = up.kind else {
+        let Err(completion) = self.shared.session.report_end(self.context_id, completion) else {
             return Flow::Go;
         };
         if hold && self.may_call() {
@@ -152,6 +141,7 @@ impl Request {
             let up = SessionUp {
                 kind: Some(Kind::Route(request)),
                 ack_end: false,
+                ends: Vec::new(),
             };
             let deadline = now + self.route_timeout();
             let session = &self.shared.session;
@@ -233,6 +223,7 @@ impl Request {
             let up = SessionUp {
                 kind: Some(Kind::Prefill(wait)),
                 ack_end: false,
+                ends: Vec::new(),
             };
             let deadline = self.get_current_time() + timeout;
             let message = up.encode_to_vec();

@@ -19,13 +19,13 @@ fn at(ms: u64) -> SystemTime {
 /// Opens and confirms stream `token`, up since long before `at(0)`.
 fn up(s: &Session, token: u32) {
     s.opened(token);
-    s.confirmed(token, SystemTime::UNIX_EPOCH);
+    s.confirmed(token, SystemTime::UNIX_EPOCH, false);
 }
 
 /// Confirms stream `token` and flushes it, returning the messages sent
 /// on it.
 fn confirm(s: &Session, token: u32) -> Vec<Vec<u8>> {
-    s.confirmed(token, SystemTime::UNIX_EPOCH);
+    s.confirmed(token, SystemTime::UNIX_EPOCH, false);
     flush(s, token)
 }
 
@@ -63,9 +63,9 @@ fn questions_wait_only_on_a_confirmed_stream() {
     assert!(s.due(at(0)));
     s.opened(7);
     assert!(!s.is_up() && !s.due(at(0)));
-    s.confirmed(8, at(0)); // another stream's answer
+    s.confirmed(8, at(0), false); // another stream's answer
     assert!(!s.is_up());
-    s.confirmed(7, at(0));
+    s.confirmed(7, at(0), false);
     assert!(s.is_up());
 }
 
@@ -152,7 +152,7 @@ fn a_stream_that_breaks_soon_after_coming_up_keeps_backing_off() {
     s.closed(8, at(100));
     // The next is due at 100 + 200: it comes up, and breaks at once.
     s.opened(9);
-    s.confirmed(9, at(300));
+    s.confirmed(9, at(300), false);
     s.closed(9, at(310));
     assert!(!s.due(at(310 + 399)), "not reopened at once");
     assert!(s.due(at(310 + 400)));
@@ -225,7 +225,7 @@ fn a_question_answered_or_expired_while_waiting_for_a_stream_is_not_sent() {
     // Nothing goes out before the stream is up.
     assert_eq!(flush(&s, 7), Vec::<Vec<u8>>::new());
     // A send that fails leaves the question queued for the next stream.
-    s.confirmed(7, SystemTime::UNIX_EPOCH);
+    s.confirmed(7, SystemTime::UNIX_EPOCH, false);
     s.flush(|_, _| false);
     s.closed(7, at(70));
     s.opened(8);
@@ -258,8 +258,114 @@ fn a_promised_prefill_outcome_is_waited_for_only_on_a_stream_that_is_up() {
     assert_eq!(s.answered(100, Wait::Prefill), None);
     s.opened(7);
     assert!(!s.expect_prefill(11, 100, at(50)), "opening, not up");
-    s.confirmed(7, at(0));
+    s.confirmed(7, at(0), false);
     assert!(s.expect_prefill(11, 100, at(50)));
     assert_eq!(flush(&s, 7), Vec::<Vec<u8>>::new(), "nothing asked");
     assert_eq!(s.answered(100, Wait::Prefill), Some(11));
+}
+
+thread_local! {
+    /// What [`recording`] sent, in order.
+    static SENT: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A [`Sender`] that keeps what it sends.
+fn recording(_: u32, _: u32, _: u32, message: &[u8]) -> bool {
+    SENT.with(|s| s.borrow_mut().push(message.to_vec()));
+    true
+}
+
+/// The messages [`recording`] sent since the last call, decoded.
+fn sent() -> Vec<SessionUp> {
+    SENT.with(|s| {
+        s.borrow_mut()
+            .drain(..)
+            .map(|m| SessionUp::decode(m.as_slice()).expect("a SessionUp"))
+            .collect()
+    })
+}
+
+fn end(ticket: u64) -> Completion {
+    Completion {
+        ticket,
+        http_status: 200,
+        ..Default::default()
+    }
+}
+
+fn tickets(ends: &[Completion]) -> Vec<u64> {
+    ends.iter().map(|c| c.ticket).collect()
+}
+
+/// A session up on stream 7 whose control plane takes riding ends or not.
+fn riding_session(ends_ride: bool) -> Session {
+    sent();
+    let s = Session::with_sender(1, recording);
+    s.opened(7);
+    s.confirmed(7, at(0), ends_ride);
+    s
+}
+
+#[test]
+fn ends_ride_with_the_next_question_or_go_alone_on_the_tick() {
+    let s = riding_session(true);
+    assert_eq!(s.report_end(11, end(1)), Ok(()));
+    assert_eq!(s.report_end(12, end(2)), Ok(()));
+    assert!(sent().is_empty(), "no message of their own");
+    let question = SessionUp {
+        kind: Some(Kind::Synced(5)),
+        ..Default::default()
+    };
+    assert!(s.ask(13, 3, question.encode_to_vec(), at(1), at(50)));
+    let up = sent();
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0].kind, Some(Kind::Synced(5)), "the message itself");
+    assert_eq!(tickets(&up[0].ends), [1, 2]);
+    // Not kept with the question to send again: they went up once.
+    assert!(s.report_end(14, end(4)).is_ok());
+    s.flush(|_, m| recording(1, 1, 7, m));
+    let up = sent();
+    assert_eq!(up.len(), 1);
+    assert_eq!((up[0].kind.clone(), tickets(&up[0].ends)), (None, vec![4]));
+    s.flush(|_, m| recording(1, 1, 7, m));
+    assert!(sent().is_empty(), "nothing left to flush");
+}
+
+#[test]
+fn a_control_plane_that_does_not_take_riding_ends_gets_each_at_once() {
+    let s = riding_session(false);
+    assert!(s.report_end(11, end(1)).is_ok());
+    let up = sent();
+    assert_eq!(up.len(), 1);
+    assert!(matches!(&up[0].kind, Some(Kind::End(c)) if c.ticket == 1));
+    assert!(up[0].ends.is_empty());
+    // No stream: given back for the batched report.
+    let down = Session::with_sender(1, recording);
+    assert_eq!(down.report_end(11, end(2)), Err(end(2)));
+}
+
+#[test]
+fn riding_ends_of_a_broken_stream_go_to_the_batched_report() {
+    let s = riding_session(true);
+    assert!(s.report_end(11, end(1)).is_ok());
+    assert!(s.report_end(11, end(2)).is_ok());
+    s.closed(7, at(5));
+    assert_eq!(tickets(&s.take_unsent_ends()), [1, 2]);
+    assert!(s.take_unsent_ends().is_empty());
+    s.flush(|_, m| recording(1, 1, 7, m));
+    assert!(sent().is_empty(), "nothing rides a stream that is gone");
+}
+
+#[test]
+fn many_riding_ends_go_up_without_waiting_for_a_message() {
+    let s = riding_session(true);
+    for t in 1..MAX_RIDING_ENDS as u64 {
+        assert!(s.report_end(11, end(t)).is_ok());
+    }
+    assert!(sent().is_empty());
+    assert!(s.report_end(11, end(MAX_RIDING_ENDS as u64)).is_ok());
+    let up = sent();
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0].ends.len(), MAX_RIDING_ENDS);
+    assert_eq!(up[0].kind, None);
 }
