@@ -224,7 +224,7 @@ impl Metrics {
         );
         registry.register(
             "sgl_router_filter_session_messages",
-            "Messages filters sent up their session streams, by kind (route, end, prefill, synced): the per-request exchange's cost",
+            "Messages filters sent up their session streams, by kind (route, end, ends, prefill, synced): the per-request exchange's cost",
             m.session_messages.clone(),
         );
         registry.register(

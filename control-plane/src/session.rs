@@ -127,7 +127,7 @@ impl FilterSession {
                 let question = Question::from(request);
                 let mut response = wire::response_of(self.engine.route(&question));
                 if let Some(route_response::Outcome::Decision(d)) = &mut response.outcome {
-                    // `run` sends the outcome when the filter asked for it.
+                    // `handle` sends the outcome when the filter asked for it.
                     d.prefill_follows = follows && d.await_prefill;
                 }
                 if holds_load(&response) {
@@ -180,8 +180,6 @@ impl Drop for FilterSession {
     }
 }
 
-/// Whether the answer counted load the request's end must release (a
-/// decision with a ticket, or a place in the admission queue).
 /// The `kind` label of `up` in the session message counter.
 fn kind_name(up: &SessionUp) -> &'static str {
     match up.kind {
@@ -203,6 +201,8 @@ fn prefill_follows(down: &SessionDown) -> bool {
     )
 }
 
+/// Whether the answer counted load the request's end must release (a
+/// decision with a ticket, or a place in the admission queue).
 fn holds_load(response: &sglang_envoy_proto::RouteResponse) -> bool {
     match &response.outcome {
         Some(route_response::Outcome::Decision(d)) => d.ticket != 0,
@@ -303,7 +303,7 @@ mod tests {
     /// `pd` engine): its decision and what comes down after it.
     async fn pd_question(prefill_follows: bool) -> (SessionDown, Filter) {
         let engine = Arc::new(crate::engine::tests::pd_engine());
-        let (answers, filter) = mpsc::channel(4);
+        let (answers, mut filter) = mpsc::channel(4);
         let mut s = FilterSession::new(engine, Arc::new(Sessions::default()).open(answers.clone()));
         let up = SessionUp {
             kind: Some(Kind::Route(RouteRequest {
@@ -319,7 +319,6 @@ mod tests {
             ends: Vec::new(),
         };
         assert!(s.handle(up, &answers).await);
-        let mut filter = filter;
         let down = filter.recv().await.unwrap().unwrap();
         (
             down,
