@@ -45,20 +45,65 @@ pub fn read_repo_file(rel: &str) -> String {
     std::fs::read_to_string(repo_root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
-/// An empty directory `name` under the system's temporary directory.
+/// An empty directory `name` under the system's temporary directory,
+/// removed again when the returned [`ScratchDir`] is dropped.
 ///
 /// Whatever a directory of that name held is removed first: names carry the
 /// test binary's PID, and PIDs wrap (at 32,768 on the CI machines), so a
 /// later test binary can meet an earlier one's leftovers — a stack that
 /// found another's `workers.json` state file served its workers too.
-pub fn fresh_dir(name: &str) -> std::io::Result<std::path::PathBuf> {
+pub fn fresh_dir(name: &str) -> std::io::Result<ScratchDir> {
     let dir = std::env::temp_dir().join(name);
     match std::fs::remove_dir_all(&dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
     std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+    Ok(ScratchDir(dir))
+}
+
+/// A test's directory of logs, configs and state files. Dropping it
+/// removes it, unless the thread is panicking: a test that passed leaves
+/// nothing behind (each run of the suite used to leave about 100 MB in
+/// the temporary directory), one that failed keeps its logs to be read.
+/// Declare it before the processes that write into it, so that they are
+/// dropped (killed) first.
+#[derive(Debug)]
+pub struct ScratchDir(std::path::PathBuf);
+
+impl std::ops::Deref for ScratchDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl ScratchDir {
+    /// The directory, no longer removed on drop: for files that processes
+    /// outliving this scope read.
+    pub fn keep(self) -> std::path::PathBuf {
+        let dir = std::mem::ManuallyDrop::new(self);
+        dir.0.clone()
+    }
+}
+
+impl AsRef<std::path::Path> for ScratchDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept {} for its logs", self.0.display());
+        } else if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!("could not remove {}: {e}", self.0.display());
+            }
+        }
+    }
 }
 
 /// Asserts `r` is a JSON 401 asking for a bearer token
@@ -130,8 +175,29 @@ mod tests {
         std::fs::write(stale.join("workers.json"), r#"{"version":1,"workers":[]}"#).unwrap();
 
         let dir = fresh_dir(&name).unwrap();
-        assert_eq!(dir, stale);
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
-        std::fs::remove_dir_all(dir).unwrap();
+        assert_eq!(&*dir, stale.as_path());
+        assert_eq!(std::fs::read_dir(&*dir).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_scratch_dir_is_gone_once_dropped_and_kept_by_a_failed_test() {
+        let name = format!("sglang-e2e-scratch-{}", std::process::id());
+        let dir = fresh_dir(&name).unwrap();
+        std::fs::write(dir.join("worker.log"), "log").unwrap();
+        let path = dir.to_path_buf();
+        drop(dir);
+        assert!(!path.exists(), "{} left behind", path.display());
+
+        let failed = std::thread::spawn(move || {
+            let dir = fresh_dir(&name).unwrap();
+            std::fs::write(dir.join("worker.log"), "log").unwrap();
+            panic!("a failing test");
+        });
+        assert!(failed.join().is_err());
+        assert!(
+            path.join("worker.log").exists(),
+            "a failed test's log was removed"
+        );
+        std::fs::remove_dir_all(&path).unwrap();
     }
 }

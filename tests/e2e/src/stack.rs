@@ -171,8 +171,6 @@ pub struct Stack {
     pub base: String,
     /// `http://127.0.0.1:port` of the control plane's admin API.
     pub admin: String,
-    /// Where logs and the rendered config live.
-    pub dir: PathBuf,
     /// `http://127.0.0.1:port` of Envoy's own admin interface (stats).
     pub envoy_admin: String,
     /// `http://127.0.0.1:port` of the control plane's gRPC port (TLS in
@@ -188,6 +186,9 @@ pub struct Stack {
     cp_env: Vec<(String, String)>,
     envoy: Proc,
     envoy_concurrency: usize,
+    /// Where logs and the rendered config live; last, so that the
+    /// processes writing there are gone before it is removed.
+    pub dir: crate::ScratchDir,
 }
 
 /// Starts the control plane with `args`, in a mount namespace of its own
@@ -377,7 +378,7 @@ impl Stack {
                 &decodes
             };
             let env = EnvoyEnv {
-                dir: dir.clone(),
+                dir: dir.to_path_buf(),
                 listen_port: port,
                 admin_port: envoy_admin,
                 cp_grpc_port: grpc_port,

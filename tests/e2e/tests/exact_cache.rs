@@ -33,10 +33,12 @@ fn chat_with(system: &str, question: &str) -> String {
     .to_string()
 }
 
-/// A directory with the fixture model's files.
+/// A directory with the fixture model's files. Kept: the workers and
+/// control planes that read it outlive this function.
 fn model_dir(tag: &str) -> String {
     let model = fresh_dir(&format!("sglang-e2e-model-{}-{tag}", std::process::id()))
-        .expect("a model directory");
+        .expect("a model directory")
+        .keep();
     sglang_envoy_prompt::fixture::write_model_files(&model).expect("model files written");
     model.display().to_string()
 }

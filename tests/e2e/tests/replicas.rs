@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sglang_envoy_e2e::{
-    free_port, fresh_dir, redis, FrontDoor, Proc, SimWorker, Stack, StackOptions,
+    free_port, fresh_dir, redis, FrontDoor, Proc, ScratchDir, SimWorker, Stack, StackOptions,
 };
 
 /// Client tasks sending at once, spread over both Envoys.
@@ -281,6 +281,8 @@ struct Pair {
     store: Proc,
     first: Stack,
     second: Stack,
+    /// Redis's directory; last, so that Redis is gone before it is removed.
+    _dir: ScratchDir,
 }
 
 async fn two_control_planes(
@@ -324,6 +326,7 @@ async fn two_control_planes(
         store,
         first,
         second,
+        _dir: dir,
     })
 }
 
@@ -360,7 +363,9 @@ async fn route_one(via: &Stack, workers: &[SimWorker], family: usize, turn: usiz
 /// known.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prompt_routed_through_one_control_plane_is_known_to_the_others() {
+    // `_dir` first: bindings drop in reverse, so it goes last.
     let Some(Pair {
+        _dir,
         mut store,
         first,
         second,
@@ -435,7 +440,9 @@ async fn a_worker_busy_with_one_control_planes_requests_is_avoided_by_the_others
     // Only the shared counts can tell the second control plane; the
     // policy that weighs every request in flight (cache_aware looks at
     // loads only past its imbalance thresholds).
+    // `_dir` first: bindings drop in reverse, so it goes last.
     let Some(Pair {
+        _dir,
         mut store,
         first,
         second,

@@ -14,7 +14,8 @@ use rcgen::{
 };
 use serde_json::{json, Value};
 use sglang_envoy_e2e::{
-    expect_openai_error, wait_until, PdOptions, SimWorker, Stack, StackOptions, WorkerTls,
+    expect_openai_error, fresh_dir, wait_until, PdOptions, ScratchDir, SimWorker, Stack,
+    StackOptions, WorkerTls,
 };
 
 /// A fresh CA, a worker certificate for `localhost` and `127.0.0.1`, and a
@@ -67,9 +68,10 @@ fn make_pki(dir: &Path, tag: &str, require_client_cert: bool) -> WorkerTls {
     }
 }
 
-/// A directory for certificates made before the stack exists.
-fn cert_dir(test: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("sglang-e2e-tls-{}-{test}", std::process::id()))
+/// A directory for certificates made before the stack exists, removed
+/// when the test passes.
+fn cert_dir(test: &str) -> ScratchDir {
+    fresh_dir(&format!("sglang-e2e-tls-{}-{test}", std::process::id())).expect("a directory")
 }
 
 fn chat(stream: bool) -> String {
@@ -132,7 +134,8 @@ async fn handshakes(w: &SimWorker) -> (Value, u64) {
 /// worker named by IP.
 #[tokio::test]
 async fn mtls_worker_serves_through_envoy() {
-    let tls = make_pki(&cert_dir("mtls"), "mtls", true);
+    let certs = cert_dir("mtls");
+    let tls = make_pki(&certs, "mtls", true);
     let stack = Stack::start(StackOptions {
         workers: 1,
         worker_tls: Some(tls.clone()),
@@ -194,7 +197,8 @@ async fn without_ca_cert_paths_a_private_ca_worker_never_becomes_healthy() {
 /// unhealthy.
 #[tokio::test]
 async fn mtls_worker_without_a_client_certificate_stays_unhealthy() {
-    let tls = make_pki(&cert_dir("nocert"), "nocert", true);
+    let certs = cert_dir("nocert");
+    let tls = make_pki(&certs, "nocert", true);
     let stack = Stack::start(StackOptions {
         workers: 0,
         cp_args: vec!["--ca-cert-paths".into(), tls.ca.display().to_string()],
@@ -237,7 +241,8 @@ async fn mtls_worker_without_a_client_certificate_stays_unhealthy() {
 /// control-plane restart the state file brings the TLS worker back.
 #[tokio::test]
 async fn mixed_fleet_routes_to_http_and_https_workers() {
-    let tls = make_pki(&cert_dir("mixed"), "mixed", true);
+    let certs = cert_dir("mixed");
+    let tls = make_pki(&certs, "mixed", true);
     let mut stack = Stack::start(StackOptions {
         workers: 1,
         policy: "round_robin".into(),
@@ -304,7 +309,8 @@ async fn mixed_fleet_routes_to_http_and_https_workers() {
 /// stays plain.
 #[tokio::test]
 async fn pd_with_https_prefill_and_decode() {
-    let tls = make_pki(&cert_dir("pd"), "pd", true);
+    let certs = cert_dir("pd");
+    let tls = make_pki(&certs, "pd", true);
     let stack = Stack::start(StackOptions {
         pd: Some(PdOptions::default()),
         worker_tls: Some(tls.clone()),

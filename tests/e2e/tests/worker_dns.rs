@@ -5,12 +5,12 @@
 //! a mount namespace whose `/etc/hosts` the test rewrites: the real
 //! resolver, no test hook in the router.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use sglang_envoy_e2e::{
-    expect_openai_error, free_port, hosts_file_supported, wait_until, SimWorker, Stack,
-    StackOptions,
+    expect_openai_error, free_port, fresh_dir, hosts_file_supported, wait_until, ScratchDir,
+    SimWorker, Stack, StackOptions,
 };
 
 const NAME: &str = "sglang-worker.dns-test";
@@ -26,10 +26,8 @@ fn point_name(hosts: &Path, ip: Option<&str>) {
     std::fs::write(hosts, text).expect("write the hosts file");
 }
 
-fn scratch_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sglang-dns-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+fn scratch_dir() -> ScratchDir {
+    fresh_dir(&format!("sglang-dns-{}", std::process::id())).expect("scratch dir")
 }
 
 #[tokio::test]

@@ -137,5 +137,6 @@ mod tests {
         assert_eq!(load(&path).unwrap()[0].id, None);
         std::fs::write(&path, b"{nope").unwrap();
         assert!(load(&path).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
