@@ -10,7 +10,7 @@ use std::process::Command;
 
 use regex::Regex;
 use serde_yaml::Value;
-use sglang_envoy_e2e::envoy_tls_env;
+use sglang_envoy_e2e::{envoy_tls_env, fresh_dir, ScratchDir};
 
 const TEMPLATES: [&str; 2] = ["envoy/envoy.yaml", "envoy/envoy-ext-proc.yaml"];
 const WORKER_CLUSTERS: [&str; 2] = ["sglang_workers", "sglang_prefill_workers"];
@@ -23,22 +23,22 @@ fn read(rel: &str) -> String {
     sglang_envoy_e2e::read_repo_file(rel)
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sglang-deploy-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A directory of `test`'s own for the files it writes, removed when it
+/// passes.
+fn scratch(test: &str) -> ScratchDir {
+    fresh_dir(&format!("sglang-deploy-tls-{}-{test}", std::process::id())).unwrap()
 }
 
 /// A self-signed certificate and its key, as PEM files.
-fn cert_files(tag: &str) -> (PathBuf, PathBuf) {
+fn cert_files(dir: &Path, tag: &str) -> (PathBuf, PathBuf) {
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
         .unwrap()
         .self_signed(&key)
         .unwrap();
     let (c, k) = (
-        scratch(&format!("{tag}.pem")),
-        scratch(&format!("{tag}.key")),
+        dir.join(format!("{tag}.pem")),
+        dir.join(format!("{tag}.key")),
     );
     std::fs::write(&c, cert.pem()).unwrap();
     std::fs::write(&k, key.serialize_pem()).unwrap();
@@ -47,8 +47,8 @@ fn cert_files(tag: &str) -> (PathBuf, PathBuf) {
 
 /// Renders `template` with placeholder values and `tls` (the `WORKER_*`
 /// variables); `Err(stderr)` when render.sh refuses.
-fn render(template: &str, tag: &str, tls: &[(&str, String)]) -> Result<Value, String> {
-    let out = scratch(&format!("{tag}.yaml"));
+fn render(dir: &Path, template: &str, tag: &str, tls: &[(&str, String)]) -> Result<Value, String> {
+    let out = dir.join(format!("{tag}.yaml"));
     let mut cmd = Command::new("sh");
     cmd.arg(root().join("envoy/render.sh")).arg(&out);
     for (name, value) in sglang_envoy_e2e::manifests::LOCAL_ADDRESSES {
@@ -98,8 +98,9 @@ fn tls_socket(bootstrap: &Value, name: &str) -> Value {
 
 #[test]
 fn worker_clusters_talk_tls_to_https_endpoints_with_the_given_files() {
-    let (ca, _) = cert_files("ca");
-    let (client, client_key) = cert_files("client");
+    let dir = scratch("full");
+    let (ca, _) = cert_files(&dir, "ca");
+    let (client, client_key) = cert_files(&dir, "client");
     let tls = envoy_tls_env(&[
         "--ca-cert-paths".into(),
         ca.display().to_string(),
@@ -110,7 +111,7 @@ fn worker_clusters_talk_tls_to_https_endpoints_with_the_given_files() {
     ]);
     let mut sockets = Vec::new();
     for template in TEMPLATES {
-        let b = render(template, "full", &tls).expect("render.sh with TLS files");
+        let b = render(&dir, template, "full", &tls).expect("render.sh with TLS files");
         for name in WORKER_CLUSTERS {
             let socket = tls_socket(&b, name);
             // SNI and SAN from the endpoint's host name (EDS sets it for
@@ -151,8 +152,9 @@ fn without_tls_files_envoy_uses_the_system_roots_and_no_client_certificate() {
         eprintln!("skipped: no system CA bundle here");
         return;
     }
+    let dir = scratch("plain");
     for template in TEMPLATES {
-        let b = render(template, "plain", &envoy_tls_env(&[])).expect("render.sh");
+        let b = render(&dir, template, "plain", &envoy_tls_env(&[])).expect("render.sh");
         for name in WORKER_CLUSTERS {
             let common = &tls_socket(&b, name)["common_tls_context"];
             assert!(common["tls_certificates"].is_null(), "{template} {name}");
@@ -166,12 +168,13 @@ fn without_tls_files_envoy_uses_the_system_roots_and_no_client_certificate() {
 
 #[test]
 fn render_sh_refuses_half_an_identity_and_unreadable_files() {
-    let (cert, _) = cert_files("half");
+    let dir = scratch("half");
+    let (cert, _) = cert_files(&dir, "half");
     let half = [("WORKER_CLIENT_CERT", cert.display().to_string())];
-    let err = render(TEMPLATES[0], "half", &half).unwrap_err();
+    let err = render(&dir, TEMPLATES[0], "half", &half).unwrap_err();
     assert!(err.contains("must be set together"), "{err}");
     let missing = [("WORKER_CA_CERTS", "/nonexistent/ca.pem".to_string())];
-    let err = render(TEMPLATES[0], "missing", &missing).unwrap_err();
+    let err = render(&dir, TEMPLATES[0], "missing", &missing).unwrap_err();
     assert!(err.contains("cannot read /nonexistent/ca.pem"), "{err}");
 }
 
@@ -257,18 +260,19 @@ fn rendered_tls_configuration_is_valid_for_envoy() {
         eprintln!("skipped: Envoy or the filter is not built");
         return;
     }
-    let (ca, _) = cert_files("valid-ca");
-    let (client, key) = cert_files("valid-client");
+    let dir = scratch("valid");
+    let (ca, _) = cert_files(&dir, "valid-ca");
+    let (client, key) = cert_files(&dir, "valid-client");
     let tls = [
         ("WORKER_CA_CERTS", ca.display().to_string()),
         ("WORKER_CLIENT_CERT", client.display().to_string()),
         ("WORKER_CLIENT_KEY", key.display().to_string()),
     ];
     for template in TEMPLATES {
-        render(template, "valid", &tls).expect("render.sh");
+        render(&dir, template, "valid", &tls).expect("render.sh");
         let out = Command::new(&envoy)
             .args(["--mode", "validate", "-c"])
-            .arg(scratch("valid.yaml"))
+            .arg(dir.join("valid.yaml"))
             .output()
             .expect("run envoy");
         assert!(
