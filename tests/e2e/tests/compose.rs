@@ -201,14 +201,28 @@ async fn healthy_workers() -> Vec<String> {
     let Some(r) = get(&format!("{ADMIN}/workers")).await else {
         return Vec::new();
     };
-    let v: Value = r.json().await.unwrap_or_default();
-    v["workers"]
+    healthy_urls(&r.json().await.unwrap_or_default())
+}
+
+/// The URLs of the healthy workers in a `/workers` answer.
+fn healthy_urls(workers: &Value) -> Vec<String> {
+    workers["workers"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|w| w["healthy"] == Value::Bool(true))
         .filter_map(|w| w["url"].as_str().map(str::to_string))
         .collect()
+}
+
+/// Requests routed, by a control plane's `/metrics` text
+/// (`sgl_router_requests_total`, all series).
+fn requests_routed(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("sgl_router_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Up within `limit`: the workers healthy and a chat answered through
@@ -326,11 +340,7 @@ async fn the_demo_as_typed_serves_and_keeps_worker_changes_to_its_host() {
     let metrics = get(&format!("{ADMIN}/metrics")).await.expect("metrics");
     assert_eq!(metrics.status(), 200);
     let text = metrics.text().await.unwrap();
-    let routed: f64 = text
-        .lines()
-        .filter(|l| l.starts_with("sgl_router_requests_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let routed = requests_routed(&text);
     assert!(routed >= 2.0, "the chat and the stream counted: {text}");
     assert!(
         text.lines()
@@ -410,14 +420,7 @@ async fn compose_fronts_workers_outside_it() {
 /// not published: read from inside its container).
 fn healthy_workers_of_second(compose: &Compose) -> Vec<String> {
     let out = compose.admin_in("control-plane-2", false, "/workers");
-    let v: Value = serde_json::from_str(&out).unwrap_or_default();
-    let mut urls = v["workers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|w| w["healthy"] == Value::Bool(true))
-        .filter_map(|w| w["url"].as_str().map(str::to_string))
-        .collect::<Vec<_>>();
+    let mut urls = healthy_urls(&serde_json::from_str(&out).unwrap_or_default());
     urls.sort();
     urls
 }
@@ -431,11 +434,7 @@ async fn healthy_sorted() -> Vec<String> {
 
 /// Requests control-plane-2 has routed (`sgl_router_requests_total`).
 fn routed_by_second(compose: &Compose) -> f64 {
-    let text = compose.admin_in("control-plane-2", false, "/metrics");
-    text.lines()
-        .filter(|l| l.starts_with("sgl_router_requests_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    requests_routed(&compose.admin_in("control-plane-2", false, "/metrics"))
 }
 
 /// `n` chats through Envoy, one after another: how many were not answered 200.
