@@ -34,6 +34,7 @@ use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::sessions::Sessions;
 use sglang_envoy_control_plane::shared_loads::SharedLoads;
 use sglang_envoy_control_plane::shared_tree::{shared_tree, TreeSync};
+use sglang_envoy_control_plane::store_link;
 use sglang_envoy_control_plane::workers::persist::StoredWorker;
 use sglang_envoy_control_plane::workers::{
     worker_client, AddressPolicy, HealthChecker, LoadMonitor, Registry, WorkerAddress,
@@ -96,18 +97,17 @@ async fn main() -> anyhow::Result<()> {
     if let Some(kv) = &plane.kv_events {
         tokio::spawn(kv.clone().run(plane.engine.registry().clone()));
     }
-    if let Some(url) = &args.fleet_store.fleet_store_url {
-        if !args.fleet_store.disable_shared_loads {
-            let loads = SharedLoads::new(url, &args.fleet_store.fleet_store_key_prefix)
-                .context("--fleet-store-url")?;
-            tokio::spawn(loads.run(
-                plane.engine.registry().clone(),
-                plane.engine.metrics().clone(),
-            ));
-        }
+    // Made before the tree's sharing starts: the others' inserts are
+    // applied on the threads that decide.
+    let grpc_runtime = plane.grpc_runtime(&args)?;
+    if let Some(loads) = plane.shared_loads.take() {
+        tokio::spawn(loads.run(
+            plane.engine.registry().clone(),
+            plane.engine.metrics().clone(),
+        ));
     }
     if let Some(sync) = plane.tree_sync.take() {
-        tokio::spawn(sync.run(plane.engine.clone()));
+        tokio::spawn(sync.run(plane.engine.clone(), grpc_runtime.handle()));
     }
     if let Some(store) = &plane.fleet_store {
         // After the initial workers: they are offered to the store.
@@ -117,7 +117,7 @@ async fn main() -> anyhow::Result<()> {
             plane.engine.metrics().clone(),
         ));
     }
-    plane.serve(&args).await
+    plane.serve(&args, grpc_runtime).await
 }
 
 /// --log-level sets this crate's level; dependencies (h2, hyper) stay at
@@ -180,6 +180,9 @@ struct ControlPlane {
     /// The trees' inserts shared with other control planes (taken when
     /// its task starts).
     tree_sync: Option<TreeSync>,
+    /// The requests in flight shared with other control planes (taken
+    /// when its task starts).
+    shared_loads: Option<SharedLoads>,
 }
 
 impl ControlPlane {
@@ -260,15 +263,30 @@ impl ControlPlane {
             (None, Some(_)) => warn!("--tokenizer-path is unused with --disable-kv-events"),
             _ => {}
         }
-        let tree_sync = match &args.fleet_store.fleet_store_url {
-            Some(url) if !args.fleet_store.disable_shared_tree => {
-                let prefix = &args.fleet_store.fleet_store_key_prefix;
-                let (outbox, sync) = shared_tree(url, prefix).context("--fleet-store-url")?;
+        // One id marks this process's entries in the store, for the tree
+        // and the loads alike.
+        let replica = store_link::draw_replica_id();
+        let store = &args.fleet_store;
+        let prefix = &store.fleet_store_key_prefix;
+        let tree_sync = match &store.fleet_store_url {
+            Some(url) if !store.disable_shared_tree => {
+                let (outbox, sync) =
+                    shared_tree(url, prefix, &replica).context("--fleet-store-url")?;
                 engine = engine.with_shared_tree(outbox);
                 Some(sync)
             }
             _ => None,
         };
+        let shared_loads = match &store.fleet_store_url {
+            Some(url) if !store.disable_shared_loads => {
+                Some(SharedLoads::new(url, prefix, &replica).context("--fleet-store-url")?)
+            }
+            _ => None,
+        };
+        if store.fleet_store_url.is_some() {
+            // The store's keys of this replica end in its id.
+            info!(%replica, %prefix, "sharing through the fleet store");
+        }
         let engine = Arc::new(engine);
         let enrollment = Enrollment::new(engine.clone(), startup::startup_timeout(args));
         info!(
@@ -298,12 +316,22 @@ impl ControlPlane {
             kv_events,
             fleet_store,
             tree_sync,
+            shared_loads,
         })
     }
 
-    /// Serves gRPC (the filter's calls, EDS, ext_proc) and the admin API
-    /// until one fails or the process is told to stop.
-    async fn serve(self, args: &Args) -> anyhow::Result<()> {
+    /// The runtime the gRPC port is served on (`grpc_runtime.rs`): by
+    /// default one thread of its own, unless decisions tokenize.
+    fn grpc_runtime(&self, args: &Args) -> anyhow::Result<GrpcRuntime> {
+        let threads = args
+            .grpc_threads
+            .unwrap_or(if self.engine.tokenizes() { 0 } else { 1 });
+        GrpcRuntime::start(threads).context("the gRPC threads")
+    }
+
+    /// Serves gRPC (the filter's calls, EDS, ext_proc) on `grpc_runtime`
+    /// and the admin API until one fails or the process is told to stop.
+    async fn serve(self, args: &Args, grpc_runtime: GrpcRuntime) -> anyhow::Result<()> {
         let ControlPlane {
             engine,
             health,
@@ -313,10 +341,6 @@ impl ControlPlane {
             ..
         } = self;
         let grpc_addr = SocketAddr::new(args.host, args.grpc_port);
-        let grpc_threads = args
-            .grpc_threads
-            .unwrap_or(if engine.tokenizes() { 0 } else { 1 });
-        let grpc_runtime = GrpcRuntime::start(grpc_threads).context("the gRPC threads")?;
         // The filter sessions, registered by the gRPC service and settled
         // by the admin API before it shows loads.
         let sessions = Arc::new(Sessions::default());

@@ -47,9 +47,10 @@ pub struct SharedLoads {
 }
 
 impl SharedLoads {
-    /// The shared counts on the store at `url`, keys under `prefix`.
-    pub fn new(url: &str, prefix: &str) -> Result<Self, redis::RedisError> {
-        let replica = format!("{:016x}", rand::random::<u64>());
+    /// The shared counts on the store at `url`, keys under `prefix`, this
+    /// process's under its `replica` id.
+    pub fn new(url: &str, prefix: &str, replica: &str) -> Result<Self, redis::RedisError> {
+        let replica = replica.to_string();
         Ok(SharedLoads {
             link: StoreLink::new(redis::Client::open(url)?),
             members: format!("{prefix}:loads"),

@@ -9,14 +9,20 @@
 //! the routing text), and every replica inserts the others' entries into
 //! its own tree, as if it had made those choices.
 //!
-//! Bounded everywhere, and off the request path:
+//! Bounded everywhere, and out of the decisions' way:
 //! - the request path hands a decision to a queue of [`QUEUE`] entries and
 //!   never waits; when the queue is full the insert is dropped (counted);
 //! - a text is cut to [`MAX_TEXT`] bytes (a prefix still matches its
 //!   prompt family; only matches past that length are lost);
 //! - the stream keeps about [`STREAM_LEN`] entries (`XADD MAXLEN ~`), so
 //!   Redis holds at most about `STREAM_LEN × MAX_TEXT` bytes of it;
-//! - each replica reads at most [`READ_COUNT`] entries a round.
+//! - each replica reads at most [`READ_COUNT`] entries a round, and reads
+//!   the next only once those are applied;
+//! - the others' inserts are applied on the runtime that decides (the
+//!   gRPC port's thread), [`APPLY_CHUNK`] at a time between questions.
+//!   Applied from another thread, they made every decision 20-30% slower:
+//!   the nodes' locks and last-use times of the hot prefixes moved between
+//!   cores (docs/benchmarks.md, `decision_applied`).
 //!
 //! A replica started (or restarted) reads the stream from its start: the
 //! recent choices of the others warm its trees. While the store is down,
@@ -28,6 +34,7 @@ use std::time::Duration;
 
 use redis::streams::{StreamMaxlen, StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands as _;
+use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
@@ -43,6 +50,11 @@ pub const STREAM_LEN: usize = 1024;
 pub const READ_COUNT: usize = 1024;
 /// How often a replica writes its decisions and reads the others'.
 const ROUND: Duration = Duration::from_millis(50);
+/// The others' inserts applied in one go on the deciding thread. An insert
+/// takes 1.5 us at 4 KB and 3.6 us at 32 KB (docs/benchmarks.md,
+/// `tree/insert`): a question that arrives meanwhile waits at most about
+/// 60 us.
+pub const APPLY_CHUNK: usize = 16;
 
 /// What the others' inserts are taught to: the engine's trees
 /// ([`crate::engine::Engine`] implements it).
@@ -86,8 +98,8 @@ impl TreeOutbox {
 pub struct TreeSync {
     link: StoreLink,
     key: String,
-    /// This process's mark on its own entries (random: a restarted replica
-    /// learns what its earlier life wrote).
+    /// This process's mark on its own entries
+    /// ([`crate::store_link::draw_replica_id`]).
     replica: String,
     rx: mpsc::Receiver<Insert>,
     /// The last entry read (`0`: read from the stream's start).
@@ -95,13 +107,17 @@ pub struct TreeSync {
 }
 
 /// Both sides of the shared tree on the store at `url`, keys under
-/// `prefix` (the fleet store's).
-pub fn shared_tree(url: &str, prefix: &str) -> Result<(TreeOutbox, TreeSync), redis::RedisError> {
+/// `prefix` (the fleet store's), this process's entries marked `replica`.
+pub fn shared_tree(
+    url: &str,
+    prefix: &str,
+    replica: &str,
+) -> Result<(TreeOutbox, TreeSync), redis::RedisError> {
     let (tx, rx) = mpsc::channel(QUEUE);
     let sync = TreeSync {
         link: StoreLink::new(redis::Client::open(url)?),
         key: format!("{prefix}:tree"),
-        replica: format!("{:016x}", rand::random::<u64>()),
+        replica: replica.to_string(),
         rx,
         last: "0".to_string(),
     };
@@ -120,15 +136,27 @@ impl TreeSync {
         n
     }
 
-    /// Shares `engine`'s tree inserts for as long as the process runs.
-    pub async fn run(mut self, engine: Arc<dyn Learner>) {
+    /// Teaches `learner` the queued inserts, as if another replica had
+    /// made them, without the store; how many. For a bench of what
+    /// applying the others' inserts does to the request path.
+    pub fn apply_queued(&mut self, learner: &dyn Learner) -> usize {
+        let mut n = 0;
+        while let Ok(insert) = self.rx.try_recv() {
+            n += usize::from(learner.learn_shared(&insert.unit, &insert.text));
+        }
+        n
+    }
+
+    /// Shares `engine`'s tree inserts for as long as the process runs,
+    /// applying the others' on `apply_on` (the runtime that decides).
+    pub async fn run(mut self, engine: Arc<dyn Learner>, apply_on: Handle) {
         let mut batch = Vec::with_capacity(QUEUE);
         loop {
             tokio::time::sleep(ROUND).await;
             while let Ok(insert) = self.rx.try_recv() {
                 batch.push(insert);
             }
-            let result = self.round(&mut batch, engine.as_ref()).await;
+            let result = self.round(&mut batch, &engine, &apply_on).await;
             // What a failed round did not write is not kept: while the
             // store is down the queue would only fill with stale ones.
             engine.metrics().shared_tree("dropped", batch.len() as u64);
@@ -141,12 +169,15 @@ impl TreeSync {
         }
     }
 
-    /// One exchange: write `batch` (emptied once written), then read and
-    /// apply what the others wrote since the last round.
+    /// One exchange: write `batch` (emptied once written), then read what
+    /// the others wrote since the last round and apply it on `apply_on`.
+    /// The next round waits for that: at most one round's reading
+    /// ([`READ_COUNT`] entries) is held at a time.
     async fn round(
         &mut self,
         batch: &mut Vec<Insert>,
-        engine: &dyn Learner,
+        engine: &Arc<dyn Learner>,
+        apply_on: &Handle,
     ) -> Result<(), StoreError> {
         let mut conn = self.link.conn().await?;
         let metrics = engine.metrics();
@@ -172,23 +203,43 @@ impl TreeSync {
             &options,
         ))
         .await?;
-        let mut learned = 0;
+        let mut theirs = Vec::new();
         for entry in reply.iter().flat_map(|r| &r.keys).flat_map(|k| &k.ids) {
             self.last.clone_from(&entry.id);
             if entry.get::<String>("r").as_deref() == Some(self.replica.as_str()) {
                 continue;
             }
-            let (Some(unit), Some(text)) = (entry.get::<String>("w"), entry.get::<Vec<u8>>("t"))
+            let (Some(unit), Some(mut text)) =
+                (entry.get::<String>("w"), entry.get::<Vec<u8>>("t"))
             else {
                 continue;
             };
-            if engine.learn_shared(&unit, &text[..text.len().min(MAX_TEXT)]) {
-                learned += 1;
-            }
+            text.truncate(MAX_TEXT);
+            theirs.push(Insert { unit, text });
         }
-        metrics.shared_tree("received", learned);
+        if !theirs.is_empty() {
+            let learned = apply_on
+                .spawn(apply(engine.clone(), theirs))
+                .await
+                .unwrap_or(0);
+            metrics.shared_tree("received", learned);
+        }
         Ok(())
     }
+}
+
+/// Teaches `learner` the others' `inserts` on the thread this runs on,
+/// [`APPLY_CHUNK`] at a time, letting that thread's other tasks (the
+/// questions waiting) run between chunks; how many it learned.
+async fn apply(learner: Arc<dyn Learner>, inserts: Vec<Insert>) -> u64 {
+    let mut learned = 0;
+    for chunk in inserts.chunks(APPLY_CHUNK) {
+        for insert in chunk {
+            learned += u64::from(learner.learn_shared(&insert.unit, &insert.text));
+        }
+        tokio::task::yield_now().await;
+    }
+    learned
 }
 
 #[cfg(test)]
@@ -197,7 +248,7 @@ mod tests {
 
     #[test]
     fn the_outbox_cuts_long_texts_and_drops_when_full() {
-        let (outbox, mut sync) = shared_tree("redis://127.0.0.1:1/0", "t").unwrap();
+        let (outbox, mut sync) = shared_tree("redis://127.0.0.1:1/0", "t", "r").unwrap();
         assert!(outbox.record("http://w:1", &vec![b'a'; MAX_TEXT * 2]));
         let first = sync.rx.try_recv().unwrap();
         assert_eq!(

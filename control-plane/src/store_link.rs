@@ -7,6 +7,13 @@
 use redis::aio::MultiplexedConnection;
 use tracing::{info, warn};
 
+/// A new replica id: the mark of this process's entries in the store
+/// (its shared tree inserts, the key of its loads). Random, so that a
+/// restarted replica learns what its earlier life wrote.
+pub fn draw_replica_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
 /// Longest wait for one exchange with the store (connect included).
 pub const OP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 

@@ -5,8 +5,8 @@
 //!
 //! `SGLANG_BENCH_QUICK=1` selects the quick profile (smaller fills).
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
@@ -70,10 +70,39 @@ fn decision(c: &mut Criterion) {
     group.finish();
 }
 
-/// The same decision with the tree's inserts shared (`--fleet-store-url`):
-/// what sharing adds on the request path is the insert's queueing (a copy
-/// of the text, a channel send); the queue is emptied by a thread, as the
-/// sync task would, so that no insert is dropped.
+/// Where the tree's inserts go in each variant of
+/// [`decision_shared_tree`].
+#[derive(Clone, Copy, PartialEq)]
+enum Sharing {
+    /// Not shared (one control plane).
+    Alone,
+    /// Queued for the others and thrown away: the request path's own
+    /// share (a copy of the text, a channel send).
+    Queued,
+    /// Queued, and applied back to the trees by another thread, as if
+    /// another replica had made the same choice: the others' inserts
+    /// applied on a thread of their own.
+    OtherThread,
+    /// The same, applied by the deciding thread between decisions (what
+    /// `shared_tree.rs` does: on the gRPC port's runtime).
+    DecidingThread,
+}
+
+impl Sharing {
+    fn name(self) -> &'static str {
+        match self {
+            Sharing::Alone => "alone",
+            Sharing::Queued => "queued",
+            Sharing::OtherThread => "applied by another thread",
+            Sharing::DecidingThread => "applied by the deciding thread",
+        }
+    }
+}
+
+/// The same decision with the tree's inserts shared (`--fleet-store-url`),
+/// in each [`Sharing`] variant: what sharing adds to a decision. Each
+/// decision's insert comes back once (as from one other replica making the
+/// same choices), so every insert walks the nodes the decisions walk.
 fn decision_shared_tree(c: &mut Criterion) {
     let p = profile_from_env().engine;
     let mut group = group(c, "decision_shared_tree");
@@ -83,29 +112,63 @@ fn decision_shared_tree(c: &mut Criterion) {
     } else {
         p.workers[0]
     };
-    for shared in [false, true] {
+    for sharing in [
+        Sharing::Alone,
+        Sharing::Queued,
+        Sharing::OtherThread,
+        Sharing::DecidingThread,
+    ] {
         let mut fx = fixture_of(&p, workers);
-        let stop = Arc::new(AtomicBool::new(false));
-        let drainer = if shared {
-            let (outbox, mut sync) = shared_tree("redis://127.0.0.1:1/0", "bench")
+        let mut sync = None;
+        if sharing != Sharing::Alone {
+            let (outbox, s) = shared_tree("redis://127.0.0.1:1/0", "bench", "bench")
                 .unwrap_or_else(|e| panic!("the shared tree's queue: {e}"));
             fx.engine = fx.engine.with_shared_tree(outbox);
-            let stop = stop.clone();
-            Some(std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    sync.discard_queued();
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }))
-        } else {
-            None
-        };
-        let name = if shared { "shared" } else { "alone" };
-        each_size(&mut group, &p, &fx, &format!("{workers}w {name}"));
-        stop.store(true, Ordering::Relaxed);
-        if let Some(d) = drainer {
-            let _ = d.join();
+            sync = Some(s);
         }
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let (engine, stop) = (&fx.engine, &stop);
+            // The queue's reader: a thread of its own, or the deciding
+            // thread before each decision (criterion's untimed setup).
+            let mut inline = None;
+            if let Some(mut s) = sync.take() {
+                match sharing {
+                    Sharing::DecidingThread => inline = Some(s),
+                    _ => {
+                        scope.spawn(move || {
+                            while !stop.load(Ordering::Relaxed) {
+                                if sharing == Sharing::OtherThread {
+                                    s.apply_queued(engine);
+                                } else {
+                                    s.discard_queued();
+                                }
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                        });
+                    }
+                }
+            }
+            let inline = RefCell::new(inline);
+            for &size in &p.prompt_bytes {
+                let mut prompts = fx.prompts(size);
+                group.throughput(Throughput::Bytes(size as u64));
+                let id = BenchmarkId::new(format!("{workers}w {}", sharing.name()), size);
+                group.bench_with_input(id, &size, |b, _| {
+                    b.iter_batched(
+                        || {
+                            if let Some(s) = inline.borrow_mut().as_mut() {
+                                s.apply_queued(engine);
+                            }
+                            fixture::request(prompts.next_prompt())
+                        },
+                        |req| engine.route(&req),
+                        BatchSize::SmallInput,
+                    )
+                });
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
     }
     group.finish();
 }
