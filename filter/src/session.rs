@@ -43,11 +43,16 @@ use crate::deadlines::Deadlines;
 
 /// First wait before reopening a broken stream; doubled on each failure.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest wait before reopening. A stream that was up and broke is
-/// reopened on the root's next tick, and once more on the one after if
-/// that fails (the first try may have reached the dead replica before
-/// Envoy ejected it); the backoff starts after that.
+/// Longest wait before reopening.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// A stream that was up and broke is reopened on the root's next tick, up
+/// to this many times in a row while each try fails, before the backoff
+/// starts; questions wait for these tries. A try may reach the dead
+/// replica again: Envoy ejects it on the first refused connection, but
+/// each worker thread learns that a moment later, and the cluster's round
+/// robin may pick it once more in between (measured: with 3 replicas, 1
+/// kill in 8 saw two tries in a row refused).
+const QUICK_TRIES: u8 = 3;
 /// A stream up at least this long had worked when it breaks: its next one
 /// is opened at once. One that breaks sooner (a control plane that answers
 /// and then drops every session) keeps backing off.
@@ -61,18 +66,23 @@ const MAX_RIDING_ENDS: usize = 64;
 /// The state of the VM's stream to the control plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Link {
-    /// No stream. The next attempt is due at `retry_at`. With
-    /// `questions_wait`, a stream that worked just broke and the next is
-    /// due at once (the root's next tick): questions wait for it rather
-    /// than take calls of their own.
+    /// No stream. The next attempt is due at `retry_at`. With `quick`
+    /// above 0, a stream that worked just broke and the next is due at
+    /// once (the root's next tick), one of the [`QUICK_TRIES`]: questions
+    /// wait for it rather than take calls of their own. `quick` counts
+    /// that try and the ones left after it.
     Down {
         retry_at: SystemTime,
         backoff: Duration,
-        questions_wait: bool,
+        quick: u8,
     },
     /// Opened; the control plane has not answered its opening yet:
-    /// questions wait for it.
-    Opening { token: u32, backoff: Duration },
+    /// questions wait for it. `quick`: as the `Down` it came from.
+    Opening {
+        token: u32,
+        backoff: Duration,
+        quick: u8,
+    },
     /// The control plane answered (at `since`): questions and ends go on
     /// it. `backoff` is the opening's, for a stream that breaks too soon.
     /// `ends_ride`: its control plane takes ends with the next message.
@@ -164,7 +174,7 @@ impl Session {
             link: Link::Down {
                 retry_at: SystemTime::UNIX_EPOCH,
                 backoff: FIRST_BACKOFF,
-                questions_wait: false,
+                quick: 0,
             },
             waiting: Deadlines::default(),
             riding: Vec::new(),
@@ -183,10 +193,8 @@ impl Session {
     pub fn takes_questions(&self, now: SystemTime) -> bool {
         match self.0.borrow().link {
             Link::Down {
-                retry_at,
-                questions_wait,
-                ..
-            } => questions_wait && retry_at <= now,
+                retry_at, quick, ..
+            } => quick > 0 && retry_at <= now,
             Link::Opening { .. } | Link::Up { .. } => true,
         }
     }
@@ -378,11 +386,15 @@ impl Session {
     /// The root opened the stream `token`.
     pub fn opened(&self, token: u32) {
         let mut inner = self.0.borrow_mut();
-        let backoff = match inner.link {
-            Link::Down { backoff, .. } => backoff,
-            _ => FIRST_BACKOFF,
+        let (backoff, quick) = match inner.link {
+            Link::Down { backoff, quick, .. } => (backoff, quick),
+            _ => (FIRST_BACKOFF, 0),
         };
-        inner.link = Link::Opening { token, backoff };
+        inner.link = Link::Opening {
+            token,
+            backoff,
+            quick,
+        };
     }
 
     /// Opening the stream failed at once: try again after the backoff.
@@ -404,7 +416,10 @@ impl Session {
     /// `ends_ride`: its control plane takes ends with the next message.
     pub fn confirmed(&self, token: u32, now: SystemTime, ends_ride: bool) {
         let mut inner = self.0.borrow_mut();
-        if let Link::Opening { token: t, backoff } = inner.link {
+        if let Link::Opening {
+            token: t, backoff, ..
+        } = inner.link
+        {
             if t == token {
                 inner.link = Link::Up {
                     token,
@@ -488,25 +503,28 @@ impl Session {
             Link::Up { since, .. } if now >= since + STEADY => Link::Down {
                 retry_at: now,
                 backoff: Duration::ZERO,
-                questions_wait: true,
+                quick: QUICK_TRIES,
+            },
+            // A quick try reached no control plane: the next one at once,
+            // while there are tries left.
+            Link::Opening { quick, .. } if quick > 1 => Link::Down {
+                retry_at: now,
+                backoff: Duration::ZERO,
+                quick: quick - 1,
             },
             Link::Up { backoff, .. }
             | Link::Opening { backoff, .. }
-            | Link::Down { backoff, .. } => Link::Down {
-                retry_at: now + backoff,
-                backoff: next_backoff(backoff),
-                // The quick second try after a stream that worked.
-                questions_wait: backoff.is_zero(),
-            },
+            | Link::Down { backoff, .. } => {
+                let wait = backoff.max(FIRST_BACKOFF);
+                Link::Down {
+                    retry_at: now + wait,
+                    backoff: next_backoff(wait),
+                    quick: 0,
+                }
+            }
         };
         // Questions wait only for the quick tries, which are due now.
-        let retry_now = matches!(
-            inner.link,
-            Link::Down {
-                questions_wait: true,
-                ..
-            }
-        );
+        let retry_now = matches!(inner.link, Link::Down { quick, .. } if quick > 0);
         let mut over = Vec::new();
         for ((ticket, wait), waiter) in inner.waiting.iter_mut() {
             match &mut waiter.resend {
@@ -539,13 +557,9 @@ impl Session {
     }
 }
 
-/// The wait after `backoff` failed: doubled up to the cap, and the first
-/// wait after the immediate retries.
-fn next_backoff(backoff: Duration) -> Duration {
-    if backoff.is_zero() {
-        return FIRST_BACKOFF;
-    }
-    (backoff * 2).min(MAX_BACKOFF)
+/// The wait after a try that waited `wait` failed: doubled up to the cap.
+fn next_backoff(wait: Duration) -> Duration {
+    (wait * 2).min(MAX_BACKOFF)
 }
 
 /// The host's [`Sender`].

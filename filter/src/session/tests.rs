@@ -124,18 +124,21 @@ fn a_broken_stream_ends_the_waits_it_held_and_is_reopened_at_once() {
     ended.sort();
     assert_eq!(ended, [(11, Wait::Prefill), (12, Wait::Prefill)]);
     assert!(s.due(at(10)), "a stream that was up is reopened at once");
-    // That try may reach the dead replica: once more at once, then the
-    // backoff, doubling up to the cap.
+    // That try may reach the dead replica: QUICK_TRIES in all at once,
+    // then the backoff, doubling up to the cap.
     s.opened(8);
     s.closed(8, at(20));
     assert!(s.due(at(20)));
     s.opened(9);
     s.closed(9, at(30));
-    assert!(!s.due(at(30 + 99)) && s.due(at(30 + 100)));
+    assert!(s.due(at(30)));
     s.opened(10);
-    s.closed(10, at(200));
+    s.closed(10, at(40));
+    assert!(!s.due(at(40 + 99)) && s.due(at(40 + 100)));
+    s.opened(11);
+    s.closed(11, at(200));
     assert!(!s.due(at(200 + 199)) && s.due(at(200 + 200)));
-    for t in 11..30 {
+    for t in 12..30 {
         s.opened(t);
         s.closed(t, at(10_000));
     }
@@ -195,17 +198,22 @@ fn questions_wait_for_the_quick_reopenings_only() {
     );
     assert!(s.ask(12, 200, b"q200".to_vec(), at(15), at(500)));
     s.opened(9);
-    // Both quick tries failed: every control plane may be down. The
+    assert!(
+        s.closed(9, at(20)).is_empty(),
+        "the third quick try is left"
+    );
+    s.opened(10);
+    // Every quick try failed: every control plane may be down. The
     // questions fall back now, not at their deadline, and new ones
     // call until the stream is due again.
-    let mut over = s.closed(9, at(20));
+    let mut over = s.closed(10, at(25));
     over.sort();
     assert_eq!(over, [(11, Wait::Answer), (12, Wait::Answer)]);
-    assert!(!s.takes_questions(at(21)));
-    assert!(!s.ask(13, 300, b"q300".to_vec(), at(21), at(500)));
-    assert!(s.due(at(20 + 100)));
+    assert!(!s.takes_questions(at(26)));
+    assert!(!s.ask(13, 300, b"q300".to_vec(), at(26), at(500)));
+    assert!(s.due(at(25 + 100)));
     assert!(
-        !s.takes_questions(at(20 + 100)),
+        !s.takes_questions(at(25 + 100)),
         "while every control plane may be down, questions call"
     );
     // As in a fresh VM, whose first stream opens on its next tick
