@@ -64,7 +64,7 @@ impl Router for RouterService {
         // The gRPC edge: the contract's types in and out, the router's own inside.
         let question = Question::from(request.into_inner());
         Ok(Response::new(wire::response_of(
-            self.engine.route(&question),
+            self.engine.route_owned(question),
         )))
     }
 

@@ -125,7 +125,7 @@ impl FilterSession {
                 let ticket = request.ticket;
                 let follows = request.prefill_follows;
                 let question = Question::from(request);
-                let mut response = wire::response_of(self.engine.route(&question));
+                let mut response = wire::response_of(self.engine.route_owned(question));
                 if let Some(route_response::Outcome::Decision(d)) = &mut response.outcome {
                     // `handle` sends the outcome when the filter asked for it.
                     d.prefill_follows = follows && d.await_prefill;

@@ -80,14 +80,14 @@ pub struct TreeOutbox {
 }
 
 impl TreeOutbox {
-    /// Queues "`text` was sent to `unit`" for the other replicas; `false`
-    /// when the queue is full and it was dropped.
-    pub fn record(&self, unit: &str, text: &[u8]) -> bool {
-        let text = &text[..text.len().min(MAX_TEXT)];
+    /// Queues "`text` was sent to `unit`" for the other replicas (cut to
+    /// [`MAX_TEXT`]); `false` when the queue is full and it was dropped.
+    pub fn record(&self, unit: &str, mut text: Vec<u8>) -> bool {
+        text.truncate(MAX_TEXT);
         self.tx
             .try_send(Insert {
                 unit: unit.to_string(),
-                text: text.to_vec(),
+                text,
             })
             .is_ok()
     }
@@ -249,15 +249,18 @@ mod tests {
     #[test]
     fn the_outbox_cuts_long_texts_and_drops_when_full() {
         let (outbox, mut sync) = shared_tree("redis://127.0.0.1:1/0", "t", "r").unwrap();
-        assert!(outbox.record("http://w:1", &vec![b'a'; MAX_TEXT * 2]));
+        assert!(outbox.record("http://w:1", vec![b'a'; MAX_TEXT * 2]));
         let first = sync.rx.try_recv().unwrap();
         assert_eq!(
             (first.unit.as_str(), first.text.len()),
             ("http://w:1", MAX_TEXT)
         );
         for _ in 0..QUEUE {
-            assert!(outbox.record("http://w:1", b"x"));
+            assert!(outbox.record("http://w:1", b"x".to_vec()));
         }
-        assert!(!outbox.record("http://w:1", b"x"), "the queue is bounded");
+        assert!(
+            !outbox.record("http://w:1", b"x".to_vec()),
+            "the queue is bounded"
+        );
     }
 }

@@ -13,6 +13,7 @@ use sglang_envoy_lifecycle::{
 };
 use tracing::debug;
 
+use super::share::Shares;
 use super::{exact, Engine};
 use crate::admission::class::Class;
 use crate::admission::tenants::{tenant_key, Sender, TENANT_OVER_RATE};
@@ -21,6 +22,7 @@ use crate::pd::{self, PrefillJob};
 use crate::policy::RouteInput;
 use crate::retry;
 use crate::routing_key::RoutingKey;
+use crate::shared_tree::MAX_TEXT;
 use crate::tickets::{Counted, PrefillHandle};
 use crate::workers::{Role, Worker};
 
@@ -53,11 +55,22 @@ impl Engine {
     /// Answers one routing question; with `--enable-trace`, inside a
     /// decision span that joins the request's trace.
     pub fn route(&self, q: &Question) -> Answer {
+        let mut shares = Shares::default();
+        let answer = self.route_noting(q, &mut shares);
+        self.send_shares(shares, || {
+            q.routing_text[..q.routing_text.len().min(MAX_TEXT)].to_vec()
+        });
+        answer
+    }
+
+    /// [`Engine::route`], noting in `shares` where the routing text goes
+    /// for the other control planes (sent by the caller, after).
+    pub(super) fn route_noting(&self, q: &Question, shares: &mut Shares) -> Answer {
         if !self.options.trace {
-            return self.admit_and_answer(q);
+            return self.admit_and_answer(q, shares);
         }
         let span = crate::trace::decision_span(&q.path, q.ticket, &q.traceparent);
-        let answer = span.in_scope(|| self.admit_and_answer(q));
+        let answer = span.in_scope(|| self.admit_and_answer(q, shares));
         match &answer {
             Ok(routed) => {
                 span.record("worker", routed.worker.as_str());
@@ -74,7 +87,7 @@ impl Engine {
     /// inference without `--api-key`); then, with admission control, an
     /// inference request over the limit is queued (or refused) first, and a
     /// slot that does not end in a decision is freed at once.
-    fn admit_and_answer(&self, q: &Question) -> Answer {
+    fn admit_and_answer(&self, q: &Question, shares: &mut Shares) -> Answer {
         // `--max-payload-size` stands whatever limit the front door has.
         if q.body_bytes > self.options.max_body_bytes as u64 {
             self.metrics.error("payload_too_large");
@@ -96,7 +109,7 @@ impl Engine {
             .as_ref()
             .filter(|_| q.ticket != 0 && Route::from_path(&q.path).is_some())
         else {
-            return self.answer(q);
+            return self.answer(q, shares);
         };
         if let Some(unrouted) = gate.check(q.ticket, &self.caller(q)) {
             if let Unrouted::Rejected(r) = &unrouted {
@@ -108,7 +121,7 @@ impl Engine {
             }
             return Err(unrouted);
         }
-        let answer = self.answer(q);
+        let answer = self.answer(q, shares);
         if let Err(Unrouted::Rejected(_)) = answer {
             gate.release(q.ticket);
         }
@@ -133,8 +146,8 @@ impl Engine {
         }
     }
 
-    fn answer(&self, q: &Question) -> Answer {
-        let c = self.decide_route(q)?;
+    fn answer(&self, q: &Question, shares: &mut Shares) -> Answer {
+        let c = self.decide_route(q, shares)?;
         let first = c.plan.first().ok_or_else(no_unit)?;
         Ok(Routed {
             ticket: c.ticket,
@@ -155,7 +168,7 @@ impl Engine {
     }
 
     /// Chooses the units for `req` and counts its load.
-    fn decide_route(&self, req: &Question) -> Result<Choice, Unrouted> {
+    fn decide_route(&self, req: &Question, shares: &mut Shares) -> Result<Choice, Unrouted> {
         let started = Instant::now();
         let serving_role = Role::serving(self.options.mode);
         let mut serving = self.registry.available(serving_role);
@@ -206,7 +219,7 @@ impl Engine {
         // Before the policies: they choose among the model's workers only.
         let serving = self.for_model(req, serving_role, serving)?;
         if self.options.mode == Mode::Pd {
-            return self.route_pd(req, route, &serving, started);
+            return self.route_pd(req, route, &serving, started, shares);
         }
         if serving.is_empty() {
             return Err(self.no_workers(Role::Regular));
@@ -216,7 +229,7 @@ impl Engine {
         input.exact = exact.as_ref().map(|m| m.bytes.as_slice());
         let selection = self.policies.regular.select(&serving, &input);
         let worker = serving.get(selection.index).ok_or_else(no_unit)?;
-        self.share(&*self.policies.regular, worker, input.text);
+        self.note_share(&*self.policies.regular, worker, input.text, shares);
         if let (Some(cache), Some(m)) = (&self.exact, &exact) {
             cache.note_routed(worker, m);
         }
@@ -259,6 +272,7 @@ impl Engine {
         route: Route,
         decodes: &[Arc<Worker>],
         started: Instant,
+        shares: &mut Shares,
     ) -> Result<Choice, Unrouted> {
         if req.body.is_empty() {
             // The filter sends bodies only once asked; from then on it always does.
@@ -284,8 +298,8 @@ impl Engine {
         let (Some(prefill), Some(decode)) = (prefills.get(p.index), decodes.get(d.index)) else {
             return Err(no_unit());
         };
-        self.share(&*self.policies.prefill, prefill, input.text);
-        self.share(&*self.policies.decode, decode, input.text);
+        self.note_share(&*self.policies.prefill, prefill, input.text, shares);
+        self.note_share(&*self.policies.decode, decode, input.text, shares);
         if let (Some(cache), Some(m)) = (&self.exact, &exact) {
             cache.note_routed(prefill, m);
         }

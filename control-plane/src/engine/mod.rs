@@ -16,7 +16,6 @@ use sglang_envoy_proto::{
 use crate::admission::{AdmissionOptions, Gate};
 use crate::metrics::Metrics;
 use crate::pd::{self, PrefillDispatcher, RidSource};
-use crate::policy::Policy;
 use crate::retry::{self, RetryOptions};
 use crate::shared_tree::{Learner, TreeOutbox};
 use crate::tickets::Tickets;
@@ -29,6 +28,7 @@ mod decide;
 pub mod exact;
 mod models;
 mod policies;
+mod share;
 
 pub use policies::Policies;
 
@@ -173,20 +173,6 @@ impl Engine {
     pub fn with_shared_tree(mut self, outbox: TreeOutbox) -> Self {
         self.shared_tree = Some(outbox);
         self
-    }
-
-    /// Tells the other control planes that `policy` just recorded `text`
-    /// as sent to `unit` (when its trees are shared and it keeps one).
-    fn share(&self, policy: &dyn Policy, unit: &Worker, text: &[u8]) {
-        let Some(outbox) = &self.shared_tree else {
-            return;
-        };
-        if text.is_empty() || !policy.keeps_tree() {
-            return;
-        }
-        if !outbox.record(&unit.url, text) {
-            self.metrics.shared_tree("dropped", 1);
-        }
     }
 
     /// This engine, routing on exact cached prefixes where workers publish

@@ -246,7 +246,7 @@ impl Exchange {
                 Step::Ask(mut question) => {
                     question.subset = self.subset.clone();
                     question.destination = self.destination;
-                    let answer = self.engine.route(&question);
+                    let answer = self.engine.route_owned(*question);
                     self.lc.on_answer(answer, &self.request)
                 }
                 Step::AwaitAdmission { .. } => return Next::AwaitAdmission,

@@ -77,7 +77,7 @@ enum Sharing {
     /// Not shared (one control plane).
     Alone,
     /// Queued for the others and thrown away: the request path's own
-    /// share (a copy of the text, a channel send).
+    /// share (the text moved into the outbox, a channel send).
     Queued,
     /// Queued, and applied back to the trees by another thread, as if
     /// another replica had made the same choice: the others' inserts
@@ -100,7 +100,8 @@ impl Sharing {
 }
 
 /// The same decision with the tree's inserts shared (`--fleet-store-url`),
-/// in each [`Sharing`] variant: what sharing adds to a decision. Each
+/// in each [`Sharing`] variant: what sharing adds to a decision, as the
+/// front doors ask it (`Engine::route_owned`). Each
 /// decision's insert comes back once (as from one other replica making the
 /// same choices), so every insert walks the nodes the decisions walk.
 fn decision_shared_tree(c: &mut Criterion) {
@@ -162,7 +163,7 @@ fn decision_shared_tree(c: &mut Criterion) {
                             }
                             fixture::request(prompts.next_prompt())
                         },
-                        |req| engine.route(&req),
+                        |req| engine.route_owned(req),
                         BatchSize::SmallInput,
                     )
                 });

@@ -53,6 +53,12 @@ pub const SETUPS: &[ReplicaSetup] = &[
         unshared: None,
     },
     ReplicaSetup {
+        label: "1 replica, store",
+        replicas: 1,
+        fleet_store: true,
+        unshared: None,
+    },
+    ReplicaSetup {
         label: "2 replicas",
         replicas: 2,
         fleet_store: true,

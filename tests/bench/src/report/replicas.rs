@@ -223,9 +223,12 @@ pub fn render(w: &mut String, results: &ReplicasResults, profile: &Profile, info
          `redis-server` (started per run, nothing kept on disk) through \
          `--fleet-store-url` with a key prefix of their own, which shares the \
          worker list, the approximate tree's inserts and the requests in \
-         flight; `tree not shared` adds `--disable-shared-tree` and `loads \
-         not shared` `--disable-shared-loads`, which show what each sharing \
-         buys. \
+         flight; `1 replica, store` is one control plane with that store, \
+         doing all of the sharing's work with no one to share with (what the \
+         store costs a replica's decisions, apart from the others' inserts \
+         and processes); `tree not shared` adds `--disable-shared-tree` and \
+         `loads not shared` `--disable-shared-loads`, which show what each \
+         sharing buys. \
          TTFT and the hit ratio (the workers' cached over prompt tokens) are \
          means over the seeds of each run's; `decision` is the control \
          planes' `sgl_router_decision_duration_seconds` read from each one's \
