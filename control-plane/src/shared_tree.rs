@@ -22,7 +22,7 @@
 //!   gRPC port's thread), [`APPLY_CHUNK`] at a time between questions.
 //!   Applied from another thread, they made every decision 20-30% slower:
 //!   the nodes' locks and last-use times of the hot prefixes moved between
-//!   cores (docs/benchmarks.md, `decision_applied`).
+//!   cores (docs/benchmarks.md, `decision_shared_tree`).
 //!
 //! A replica started (or restarted) reads the stream from its start: the
 //! recent choices of the others warm its trees. While the store is down,
