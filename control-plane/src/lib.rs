@@ -17,7 +17,8 @@
 //! prefill half itself (`pd`), and the filter waits for it (`AwaitPrefill`).
 //! `ext_proc` is a second front door over the same engine, for Envoys that
 //! run the built-in `ext_proc` filter instead of the wasm filter; it keeps
-//! the bodies Envoy holds for it within a `body_budget`.
+//! the bodies Envoy holds for it within a `body_budget`. On SIGTERM,
+//! `shutdown` drains: sessions move to other replicas, prefills finish.
 
 pub mod admin;
 pub mod auth;
@@ -41,6 +42,7 @@ pub mod session;
 pub mod sessions;
 pub mod shared_loads;
 pub mod shared_tree;
+pub mod shutdown;
 pub mod startup;
 pub mod store_link;
 pub mod trace;

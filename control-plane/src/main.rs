@@ -40,7 +40,8 @@ use sglang_envoy_control_plane::workers::{
     worker_client, AddressPolicy, HealthChecker, LoadMonitor, Registry, WorkerAddress,
 };
 use sglang_envoy_control_plane::{
-    admin, ext_proc, grpc_health, grpc_tls, k8s, policy_flags, service, startup, trace, upkeep, xds,
+    admin, ext_proc, grpc_health, grpc_tls, k8s, policy_flags, service, shutdown, startup, trace,
+    upkeep, xds,
 };
 
 /// mimalloc instead of glibc's allocator: a routing decision allocates a
@@ -343,7 +344,8 @@ impl ControlPlane {
         let grpc_addr = SocketAddr::new(args.host, args.grpc_port);
         // The filter sessions, registered by the gRPC service and settled
         // by the admin API before it shows loads.
-        let sessions = Arc::new(Sessions::default());
+        let drain = shutdown::Drain::default();
+        let sessions = Arc::new(Sessions::new(drain.clone()));
         // Questions and ext_proc messages carry whole request bodies:
         // tonic's default limit (4 MiB) would turn larger ones into errors.
         let limit = args.grpc_message_limit();
@@ -365,6 +367,7 @@ impl ControlPlane {
             )
             .add_service(EndpointDiscoveryServiceServer::new(xds::Eds::new(
                 engine.registry().clone(),
+                drain.watch(),
             )))
             .add_service(
                 ExternalProcessorServer::new(ext_proc::ExtProcService::new(
@@ -385,10 +388,17 @@ impl ControlPlane {
         listener
             .set_nonblocking(true)
             .context("the gRPC listener")?;
-        let grpc = grpc_runtime.spawn(async move {
+        let mut draining = drain.watch();
+        let mut grpc = grpc_runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-            grpc.serve_with_incoming(incoming).await?;
+            // Draining (`shutdown.rs`) closes the port and sends Envoy's
+            // connections GOAWAY.
+            let draining = async move {
+                let _ = draining.wait_for(|&d| d).await;
+            };
+            grpc.serve_with_incoming_shutdown(incoming, draining)
+                .await?;
             anyhow::Ok(())
         });
 
@@ -414,6 +424,8 @@ impl ControlPlane {
         let listener = tokio::net::TcpListener::bind(admin_addr)
             .await
             .with_context(|| format!("cannot listen on {admin_addr}"))?;
+        // Kept for the drain on SIGTERM.
+        let drain_engine = engine.clone();
         let state = admin::AdminState {
             engine,
             health,
@@ -452,30 +464,19 @@ impl ControlPlane {
             }
         };
         tokio::select! {
-            r = grpc => r.context("gRPC server stopped")?.context("gRPC server failed")?,
+            r = &mut grpc => r.context("gRPC server stopped")?.context("gRPC server failed")?,
             r = health_only => r.context("gRPC health server failed")?,
             r = admin => r.context("admin server failed")?,
             r = prometheus => r.context("metrics server failed")?,
-            () = shutdown_signal() => info!("shutting down"),
+            () = shutdown::signal() => {
+                info!("shutting down");
+                let served = async move {
+                    let _ = grpc.await;
+                };
+                let grace = Duration::from_secs(args.shutdown_grace_period_secs);
+                shutdown::drain(&drain, &drain_engine, served, grace).await;
+            }
         }
         Ok(())
-    }
-}
-
-/// Resolves on Ctrl-C or SIGTERM: what `docker stop`, `docker compose down`
-/// and Kubernetes send. As a container's PID 1 the process would otherwise
-/// ignore SIGTERM and be killed only when the grace period ran out.
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
     }
 }

@@ -46,13 +46,33 @@ impl FilterSession {
 
     /// Reads the filter's messages until the stream ends, sending answers
     /// to `answers`; then releases what is still open.
+    ///
+    /// When this control plane is going away, the stream ends at once with
+    /// `UNAVAILABLE`, after the answers already sent: the filter opens its
+    /// next one on another replica (this one no longer takes connections)
+    /// and asks its unanswered questions there.
     pub async fn run(
         mut self,
         mut incoming: Streaming<SessionUp>,
         answers: mpsc::Sender<Result<SessionDown, Status>>,
     ) {
+        // It only ever changes to true: any change is the drain.
+        let mut draining = self.registration.draining();
+        let going = || Err(Status::unavailable("this control plane is shutting down"));
+        if self.registration.is_draining() {
+            let _ = answers.send(going()).await;
+            return;
+        }
         loop {
-            let up = match incoming.message().await {
+            let message = tokio::select! {
+                biased;
+                Ok(()) = draining.changed() => {
+                    let _ = answers.send(going()).await;
+                    break;
+                }
+                message = incoming.message() => message,
+            };
+            let up = match message {
                 Ok(Some(up)) => up,
                 Ok(None) => break,
                 Err(status) => {
@@ -168,6 +188,11 @@ impl FilterSession {
 
 impl Drop for FilterSession {
     fn drop(&mut self) {
+        if self.registration.is_draining() {
+            // Their prefill halves run on (releasing them would abort
+            // them); the process ends once they have (`main.rs`).
+            self.open.clear();
+        }
         let released = self
             .open
             .drain()

@@ -26,6 +26,8 @@ use tokio::sync::{mpsc, watch, Mutex};
 use tokio::time::{timeout_at, Instant};
 use tonic::Status;
 
+use crate::shutdown::Drain;
+
 /// Where a session's messages to its filter go.
 pub type Answers = mpsc::Sender<Result<SessionDown, Status>>;
 
@@ -42,6 +44,8 @@ pub struct Sessions {
     /// Held while a round of syncs is out; it holds when the last round
     /// started and how many sessions it missed.
     last_round: Mutex<Option<(Instant, usize)>>,
+    /// Started once this control plane is going away: every session ends.
+    drain: Drain,
 }
 
 /// What a settle needs of one open session.
@@ -58,6 +62,17 @@ pub struct Registration {
 }
 
 impl Registration {
+    /// Says `true` once this control plane is going away: the session
+    /// then ends (`shutdown.rs`).
+    pub fn draining(&self) -> watch::Receiver<bool> {
+        self.sessions.drain.watch()
+    }
+
+    /// True once this control plane is going away.
+    pub fn is_draining(&self) -> bool {
+        self.sessions.drain.is_started()
+    }
+
     /// The filter answered sync `n`: the ends it sent before are counted.
     pub fn synced(&self, n: u64) {
         self.synced.send_if_modified(|last| {
@@ -92,6 +107,19 @@ impl Sessions {
             id,
             sessions: self.clone(),
             synced,
+        }
+    }
+
+    /// No session yet; each one, open or opened later, ends its stream
+    /// once `drain` starts, so that its filter opens the next one on
+    /// another replica and sends its unanswered questions there.
+    pub fn new(drain: Drain) -> Self {
+        Sessions {
+            next_id: AtomicU64::default(),
+            next_sync: AtomicU64::default(),
+            open: DashMap::default(),
+            last_round: Mutex::default(),
+            drain,
         }
     }
 
@@ -241,5 +269,23 @@ mod tests {
         let started = Instant::now();
         assert_eq!(sessions.settle(Duration::from_secs(5)).await, 1);
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_drain_reaches_sessions_open_and_opened_later() {
+        let drain = Drain::default();
+        let sessions = Arc::new(Sessions::new(drain.clone()));
+        let (tx, _rx) = mpsc::channel(4);
+        let open = sessions.open(tx.clone());
+        let mut told = open.draining();
+        assert!(!open.is_draining() && !*told.borrow());
+        drain.start();
+        assert!(told.changed().await.is_ok() && *told.borrow());
+        assert!(open.is_draining());
+        let later = sessions.open(tx);
+        assert!(
+            later.is_draining(),
+            "a session opened while draining ends at once"
+        );
     }
 }

@@ -28,7 +28,7 @@ use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_se
 use envoy_types::pb::google::protobuf::{value, Any, Struct, Value};
 use futures::Stream;
 use prost::Message;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
@@ -40,12 +40,15 @@ const CLA_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoad
 /// Serves `StreamEndpoints`: every requested cluster gets all registered workers.
 pub struct Eds {
     registry: Arc<Registry>,
+    /// Says `true` when this control plane is going away: each stream then
+    /// ends (`shutdown.rs`), and Envoy asks another replica.
+    draining: watch::Receiver<bool>,
 }
 
 impl Eds {
-    /// An EDS server publishing `registry`.
-    pub fn new(registry: Arc<Registry>) -> Self {
-        Eds { registry }
+    /// An EDS server publishing `registry` until `draining` says `true`.
+    pub fn new(registry: Arc<Registry>, draining: watch::Receiver<bool>) -> Self {
+        Eds { registry, draining }
     }
 }
 
@@ -154,11 +157,17 @@ impl EndpointDiscoveryService for Eds {
         let mut inbound = request.into_inner();
         let registry = self.registry.clone();
         let mut changes = registry.subscribe();
+        let mut draining = self.draining.clone();
+        if *draining.borrow_and_update() {
+            return Err(Status::unavailable("this control plane is shutting down"));
+        }
         let (tx, rx) = mpsc::channel(8);
         tokio::spawn(async move {
             let mut names: Vec<String> = Vec::new();
             loop {
                 let send = tokio::select! {
+                    // It only ever changes to true.
+                    Ok(()) = draining.changed() => break,
                     msg = inbound.message() => match msg {
                         Ok(Some(req)) => {
                             if let Some(err) = &req.error_detail {

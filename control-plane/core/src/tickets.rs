@@ -77,6 +77,11 @@ impl PrefillHandle {
         }
     }
 
+    /// True while the prefill runs: no outcome yet, and not stopped.
+    pub fn running(&self) -> bool {
+        self.outcome.borrow().is_none() && !self.task.is_finished()
+    }
+
     /// Stops the prefill if it still runs: it then serves nobody (the
     /// client went away, or the decode failed and its error went back),
     /// and dropping its connection aborts it on the worker, which frees
@@ -189,6 +194,18 @@ impl Tickets {
         }
     }
 
+    /// How many open tickets have a prefill half still running: what a
+    /// control plane going away waits for (its end would abort them).
+    pub fn prefills_running(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|slot| match slot.value() {
+                Slot::Open { counted, .. } => counted.prefill.as_ref().is_some_and(|p| p.running()),
+                Slot::Ended { .. } => false,
+            })
+            .count()
+    }
+
     /// The prefill half of open `ticket`, to wait for its outcome.
     pub fn prefill(&self, ticket: u64) -> Option<PrefillHandle> {
         match self.slots.get(&ticket)?.value() {
@@ -291,5 +308,31 @@ mod tests {
         assert_eq!(t.reap(Duration::from_secs(3600)), 0);
         assert_eq!(t.reap(Duration::ZERO), 1);
         assert_eq!((w.load(), w.own_work(), w.routing_keys()), (0, 0, 0));
+    }
+
+    #[tokio::test]
+    async fn running_prefills_are_counted_until_their_outcome_or_their_stop() {
+        let t = Tickets::default();
+        let w = workers(1).remove(0);
+        let mut senders = Vec::new();
+        for ticket in [1, 2, 3] {
+            let (tx, rx) = watch::channel(None);
+            let task = tokio::spawn(std::future::pending::<()>());
+            let mut counted = Counted::start(w.clone(), 1, None);
+            counted.prefill = Some(PrefillHandle::new(rx, task.abort_handle()));
+            assert!(t.open(ticket, counted));
+            senders.push(tx);
+        }
+        // A decode without a prefill half is not waited for.
+        assert!(t.open(4, Counted::start(w.clone(), 1, None)));
+        assert_eq!(t.prefills_running(), 3);
+        senders[0].send_replace(Some(PrefillOutcome::default()));
+        assert_eq!(t.prefills_running(), 2, "its outcome came");
+        drop(t.close(2));
+        tokio::task::yield_now().await;
+        assert_eq!(t.prefills_running(), 1, "stopped with its request");
+        drop(t.close(3));
+        tokio::task::yield_now().await;
+        assert_eq!(t.prefills_running(), 0);
     }
 }

@@ -302,6 +302,12 @@ pub struct Args {
     #[arg(long, default_value_t = 1800)]
     pub request_timeout_secs: u64,
 
+    /// On SIGTERM, the longest the control plane waits for what it still
+    /// runs (streams, calls, PD prefill halves) before it exits
+    /// (`shutdown.rs`); sglang-router's flag and default.
+    #[arg(long, default_value_t = 180)]
+    pub shutdown_grace_period_secs: u64,
+
     /// Address the admin API and the gRPC service listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,

@@ -52,7 +52,6 @@ pub const PEER_FLAGS: &[PeerFlag] = &[
     flag("--mini-lb", Switch, "", NotApplicable("sglang-router's Python debugging balancer")),
     flag("--log-dir", One, "", Elsewhere("logs go to standard output, for the container runtime or systemd to keep")),
     flag("--request-id-headers", Many, "", Elsewhere("Envoy keeps a client's x-request-id (and makes one when it is missing), and every client header reaches the worker unchanged")),
-    flag("--shutdown-grace-period-secs", One, "180", Elsewhere("requests in flight belong to Envoy, which drains them on its own shutdown (--drain-time-s); while the control plane is away the filter keeps routing from its last worker list")),
     flag("--cors-allowed-origins", Many, "[]", Elsewhere("browsers' cross-origin requests are answered by Envoy's CORS filter, rendered from the same origins (envoy/render.sh CORS_ALLOWED_ORIGINS; scripts/quickstart.sh passes this flag's origins on; docker compose reads CORS_ALLOWED_ORIGINS)")),
     flag("--tokenizer-cache-enable-l0", Switch, "", NotApplicable(TOKENIZER)),
     flag("--tokenizer-cache-l0-max-entries", One, "10000", NotApplicable(TOKENIZER)),

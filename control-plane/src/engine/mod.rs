@@ -285,6 +285,11 @@ impl Engine {
         }
     }
 
+    /// How many PD prefill halves this control plane sent still run.
+    pub fn prefills_running(&self) -> usize {
+        self.tickets.prefills_running()
+    }
+
     /// Waits for the prefill half of `ticket`.
     pub async fn await_prefill(&self, ticket: u64) -> PrefillOutcome {
         match self.tickets.prefill(ticket) {

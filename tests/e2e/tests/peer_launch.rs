@@ -63,13 +63,14 @@ async fn an_sglang_router_launch_line_starts_and_serves_metrics_on_its_port() {
         .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
         .collect();
     assert_eq!(bounds, ["0.05", "0.5", "5.0", "+Inf"], "{text}");
-    // The accepted flags are logged with what this router does instead.
+    // The accepted flags are logged with what this router does instead
+    // (`--shutdown-grace-period-secs` is its own: nothing to say).
     let log = stack.control_plane_log();
+    assert!(!log.contains("--shutdown-grace-period-secs (sglang-router's)"));
     for flag in [
         "--port",
         "--log-dir",
         "--request-id-headers",
-        "--shutdown-grace-period-secs",
         "--rate-limit-tokens-per-second",
     ] {
         assert!(
