@@ -624,6 +624,19 @@ impl Stack {
         self.cp.signal(name)
     }
 
+    /// Waits, `timeout` at most, for the control plane to exit on its own
+    /// (after a signal); true if it did.
+    pub async fn control_plane_exits(&mut self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !self.cp.exited() {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
     /// Kills the control plane like a crash.
     pub fn kill_control_plane(&mut self) {
         self.cp.kill();

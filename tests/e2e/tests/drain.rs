@@ -1,0 +1,229 @@
+//! A control plane told to stop (SIGTERM: a rolling update, `docker
+//! stop`) while another serves beside it: it drains instead of dropping
+//! what it runs (`control-plane/src/shutdown.rs`), so no client request
+//! fails. The test that matters is PD: a control plane that simply exited
+//! would drop the prefill halves it sent, each decode would then wait for
+//! KV that never comes, and its client would get an error (it did: 3
+//! requests of 3 in flight failed with 500, in 3 runs of 3).
+//!
+//! Through the wasm filter, its session moves to the other control plane;
+//! through ext_proc, Envoy opens the next requests' streams there (with a
+//! retry, in `envoy/envoy-ext-proc.yaml`, for a stream that met the closed
+//! port before Envoy ejected it).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use sglang_envoy_e2e::{
+    free_port, fresh_dir, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions,
+};
+
+/// Closed-loop clients: enough that the stopped control plane has prefills
+/// in flight when the signal comes, also when it takes half of them
+/// (ext_proc).
+const CLIENTS: usize = 6;
+
+/// A PD chat request whose prompt takes the simulated prefill server about
+/// 150 ms (0.5 ms a token, about 4 bytes a token), so that prefills are in
+/// flight whenever the signal comes.
+fn chat(i: usize) -> String {
+    let words = "the quick brown fox jumps over the lazy dog ".repeat(28);
+    json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": format!("{i} {words}")}],
+        "max_tokens": 3,
+    })
+    .to_string()
+}
+
+/// Whether the Envoy whose admin interface is `envoy_admin` sends to the
+/// control plane on gRPC port `port` (not ejected by outlier detection).
+async fn in_rotation(envoy_admin: &str, port: u16) -> bool {
+    let Ok(r) = reqwest::get(format!("{envoy_admin}/clusters")).await else {
+        return false;
+    };
+    let entry = format!("sglang_control_plane::127.0.0.1:{port}::health_flags::");
+    r.text()
+        .await
+        .is_ok_and(|t| t.lines().any(|l| l.strip_prefix(&entry) == Some("healthy")))
+}
+
+/// The filter sessions open on `stack`'s control plane.
+async fn sessions(stack: &Stack) -> f64 {
+    stack.metric("sgl_router_filter_sessions").await
+}
+
+/// Sends requests through `base` until `stop`, recording each status.
+async fn client(id: usize, base: String, stop: Arc<AtomicBool>, record: Arc<Mutex<Vec<u16>>>) {
+    let http = reqwest::Client::new();
+    let mut i = id * 1000;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let status = match http
+            .post(format!("{base}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(chat(i))
+            .send()
+            .await
+        {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                // The whole answer, so a broken one counts as failed.
+                match r.text().await {
+                    Ok(text) if status == 200 && !text.contains("\"choices\"") => 599,
+                    Ok(_) => status,
+                    Err(_) => 598,
+                }
+            }
+            Err(_) => 597,
+        };
+        record.lock().unwrap().push(status);
+    }
+}
+
+#[tokio::test]
+async fn a_control_plane_stopped_under_pd_load_lets_its_prefills_finish() {
+    if redis::missing() {
+        return;
+    }
+    if FrontDoor::current() == FrontDoor::Picker {
+        // An InferencePool gateway's cluster to its pickers, and what it
+        // does when one goes away, are the gateway's (deploy/gie).
+        eprintln!("skipped: the picker's failover is its gateway's");
+        return;
+    }
+    let wasm = FrontDoor::current() == FrontDoor::Wasm;
+    let tag = format!("drain-{}", std::process::id());
+    let dir = fresh_dir(&tag).unwrap();
+    let redis_port = free_port();
+    let _store = redis::start(&dir, redis_port, 0);
+    assert!(redis::answers(redis_port).await, "redis never answered");
+    let store_args = redis::fleet_store_flags(redis_port, &tag);
+    let grpc = [free_port(), free_port()];
+    // The first control plane, with the PD fleet, starts alone: Envoy's
+    // one filter session opens on it.
+    let first = Stack::start(StackOptions {
+        pd: Some(PdOptions::default()),
+        worker_args: [
+            "--prefill-us-per-token",
+            "500",
+            "--decode-us-per-token",
+            "100",
+        ]
+        .map(String::from)
+        .to_vec(),
+        cp_args: store_args.clone(),
+        cp_grpc_port: Some(grpc[0]),
+        more_control_planes: vec![grpc[1]],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // The second takes the fleet from the store.
+    let second = Stack::start(StackOptions {
+        pd: Some(PdOptions {
+            prefills: 0,
+            decodes: 0,
+            ..Default::default()
+        }),
+        cp_args: store_args,
+        cp_grpc_port: Some(grpc[1]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for w in first.prefills.iter().chain(&first.decodes) {
+        assert!(
+            second
+                .wait_marked(&w.url, true, Duration::from_secs(5))
+                .await,
+            "the second control plane never took {} from the store",
+            w.url
+        );
+    }
+    // The second's port refused connections while the first's Envoy
+    // started, which ejected it for a while (outlier detection): with the
+    // first gone too, Envoy would ignore the ejection (its panic mode).
+    let in_rotation = wait_until(Duration::from_secs(15), || {
+        in_rotation(&first.envoy_admin, grpc[1])
+    })
+    .await;
+    assert!(
+        in_rotation,
+        "Envoy never took the second control plane back"
+    );
+    // Through the wasm filter, the control plane that holds its one
+    // session is stopped (the first, unless that session opened before it
+    // answered); through ext_proc, whose streams Envoy spreads over both,
+    // the first.
+    let with_session = wait_until(Duration::from_secs(10), || async {
+        !wasm || sessions(&first).await + sessions(&second).await >= 1.0
+    })
+    .await;
+    assert!(with_session, "the filter opened no session");
+    let base = first.base.clone();
+    let (mut stopped, other) = if !wasm || sessions(&first).await >= 1.0 {
+        (first, second)
+    } else {
+        (second, first)
+    };
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let record = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|id| tokio::spawn(client(id, base.clone(), stop.clone(), record.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = record.lock().unwrap().len();
+    assert!(
+        stopped.signal_control_plane("TERM"),
+        "no control plane to stop"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+
+    assert!(
+        stopped.control_plane_exits(Duration::from_secs(10)).await,
+        "the stopped control plane did not exit"
+    );
+    let statuses = record.lock().unwrap().clone();
+    let after = statuses.len() - before;
+    let log = stopped.control_plane_log();
+    // What it said it waited for when the signal came.
+    let in_flight = log
+        .lines()
+        .find(|l| l.contains("draining"))
+        .and_then(|l| l.split("prefills=").nth(1))
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|v| v.parse::<u64>().ok());
+    eprintln!(
+        "{} requests ({before} before the signal), {in_flight:?} prefills in flight at it",
+        statuses.len()
+    );
+    let failed: Vec<u16> = statuses.iter().copied().filter(|&s| s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "failed requests: {failed:?}\n{}",
+        log.lines()
+            .filter(|l| l.contains("drain"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(after >= CLIENTS, "only {after} requests after the signal");
+    // It had prefills to wait for, or this test proves nothing.
+    assert!(
+        in_flight.is_some_and(|n| n >= 1),
+        "no prefill in flight when the signal came ({in_flight:?}):\n{log}"
+    );
+    assert!(log.contains("drained"), "it did not wait for them:\n{log}");
+
+    // The rest were routed by the other control plane.
+    if wasm {
+        assert!(sessions(&other).await >= 1.0, "the session did not move");
+    }
+}
