@@ -103,6 +103,14 @@ async fn a_pd_request_sends_no_prefill_wait_up_the_session() {
         return; // no session: ext_proc's stream is per request
     }
     let stack = pd_stack(PdOptions::default(), "round_robin").await;
+    // The VM's first request (the stack's readiness probe) went before its
+    // session opened; the ten below must find it up, however soon they
+    // follow (a release-built harness sent the first in under 20 ms).
+    let session_up = wait_until(Duration::from_secs(5), || async {
+        stack.metric("sgl_router_filter_sessions").await >= 1.0
+    })
+    .await;
+    assert!(session_up, "the filter opened no session");
     let started = Instant::now();
     for i in 0..10 {
         let body = chat(&format!("question {i}"), 3, i % 2 == 1);
