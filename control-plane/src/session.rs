@@ -56,21 +56,26 @@ impl FilterSession {
         mut incoming: Streaming<SessionUp>,
         answers: mpsc::Sender<Result<SessionDown, Status>>,
     ) {
-        // It only ever changes to true: any change is the drain.
         let mut draining = self.registration.draining();
         let going = || Err(Status::unavailable("this control plane is shutting down"));
         if self.registration.is_draining() {
             let _ = answers.send(going()).await;
             return;
         }
+        // It only ever changes to true: any change is the drain (or its
+        // sender gone, the process ending). One future for the session's
+        // life, polled only when no message is ready: a message waiting
+        // costs nothing more than before.
+        let drained = draining.changed();
+        tokio::pin!(drained);
         loop {
             let message = tokio::select! {
                 biased;
-                Ok(()) = draining.changed() => {
+                message = incoming.message() => message,
+                _ = &mut drained => {
                     let _ = answers.send(going()).await;
                     break;
                 }
-                message = incoming.message() => message,
             };
             let up = match message {
                 Ok(Some(up)) => up,
