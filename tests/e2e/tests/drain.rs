@@ -20,6 +20,9 @@ use sglang_envoy_e2e::{
     free_port, fresh_dir, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions,
 };
 
+/// The wasm filter's count of requests it routed itself, in Envoy's stats.
+const LOCAL_FALLBACKS: &str = "wasmcustom.sglang_router_local_fallbacks";
+
 /// Closed-loop clients: enough that the stopped control plane has prefills
 /// in flight when the signal comes, also when it takes half of them
 /// (ext_proc).
@@ -170,6 +173,16 @@ async fn a_control_plane_stopped_under_pd_load_lets_its_prefills_finish() {
         (second, first)
     };
 
+    // The readiness probe's question may have met the second's port
+    // before it listened.
+    let fallbacks_before = if stopped.base == base {
+        &stopped
+    } else {
+        &other
+    }
+    .envoy_stat(LOCAL_FALLBACKS)
+    .await
+    .unwrap_or(0);
     let stop = Arc::new(AtomicBool::new(false));
     let record = Arc::new(Mutex::new(Vec::new()));
     let clients: Vec<_> = (0..CLIENTS)
@@ -222,8 +235,20 @@ async fn a_control_plane_stopped_under_pd_load_lets_its_prefills_finish() {
     );
     assert!(log.contains("drained"), "it did not wait for them:\n{log}");
 
-    // The rest were routed by the other control plane.
+    // The rest were routed by the other control plane, none by the
+    // filter on its own.
     if wasm {
         assert!(sessions(&other).await >= 1.0, "the session did not move");
+        let envoy = if stopped.base == base {
+            &stopped
+        } else {
+            &other
+        };
+        let fallbacks = envoy.envoy_stat(LOCAL_FALLBACKS).await.unwrap_or(0);
+        assert_eq!(
+            fallbacks - fallbacks_before,
+            0,
+            "requests routed by the filter on its own"
+        );
     }
 }
