@@ -474,7 +474,11 @@ impl ControlPlane {
                     let _ = grpc.await;
                 };
                 let grace = Duration::from_secs(args.shutdown_grace_period_secs);
-                shutdown::drain(&drain, &drain_engine, served, grace).await;
+                tokio::select! {
+                    _ = shutdown::drain(&drain, &drain_engine, served, grace) => {}
+                    // Told twice (Ctrl-C again): no more waiting.
+                    () = shutdown::signal() => warn!("told again to stop: exiting without draining further"),
+                }
             }
         }
         Ok(())

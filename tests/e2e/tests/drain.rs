@@ -252,3 +252,59 @@ async fn a_control_plane_stopped_under_pd_load_lets_its_prefills_finish() {
         );
     }
 }
+
+/// A control plane told twice to stop (Ctrl-C, then Ctrl-C again) stops
+/// waiting: the first signal drains, and it keeps running while a prefill
+/// it sent runs; the second ends it at once.
+#[tokio::test]
+async fn told_twice_it_stops_waiting() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("skipped: the control plane's own behaviour; one pass is enough");
+        return;
+    }
+    let mut stack = Stack::start(StackOptions {
+        pd: Some(PdOptions::default()),
+        // About 2.5 s of prefill for the prompt below: under the decode's
+        // KV wait (3 s), so the request is still whole when it is checked.
+        worker_args: [
+            "--prefill-us-per-token",
+            "20000",
+            "--decode-us-per-token",
+            "100",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let body = json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "slow ".repeat(100)}],
+        "max_tokens": 2,
+    })
+    .to_string();
+    let url = stack.url("/v1/chat/completions");
+    let request = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(stack.signal_control_plane("TERM"));
+    assert!(
+        !stack.control_plane_exits(Duration::from_secs(1)).await,
+        "it did not wait for its prefill"
+    );
+    assert!(stack.signal_control_plane("TERM"));
+    assert!(
+        stack.control_plane_exits(Duration::from_millis(500)).await,
+        "told twice, it still waited"
+    );
+    let log = stack.control_plane_log();
+    assert!(log.contains("told again to stop"), "{log}");
+    request.abort();
+}
