@@ -20,7 +20,8 @@
 //!    connection has closed), and the prefill halves sent from here.
 //!    `--shutdown-grace-period-secs` at most (sglang-router's flag, 180 s
 //!    by default; Kubernetes kills a pod once its own grace period, 30 s
-//!    by default, runs out); then the process exits.
+//!    by default, runs out); then the process exits. A second signal
+//!    (Ctrl-C pressed again) ends it at once (`main.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
