@@ -6,7 +6,57 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::{wait_until, Proc};
+use crate::{free_port, fresh_dir, wait_until, Proc, ScratchDir};
+
+/// A Redis of one test's own, as its control planes' fleet store.
+pub struct Store {
+    /// The server (its first start numbered 0; [`Store::restart`] counts on).
+    pub server: Proc,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// The control plane's flags for it, keys under the test's tag.
+    pub flags: Vec<String>,
+    starts: usize,
+    /// Its directory; last, so that Redis is gone before it is removed.
+    pub dir: ScratchDir,
+}
+
+impl Store {
+    /// Starts a Redis for the test `tag` (a directory and key prefix of
+    /// its own) and waits until it answers; `None`, and the test skips,
+    /// where there is no `redis-server` ([`missing`]).
+    pub async fn start(tag: &str) -> Option<Store> {
+        if missing() {
+            return None;
+        }
+        let tag = format!("{tag}-{}", std::process::id());
+        let dir = fresh_dir(&tag).expect("a scratch directory");
+        let port = free_port();
+        let server = start(&dir, port, 0);
+        assert!(answers(port).await, "redis never answered");
+        Some(Store {
+            server,
+            port,
+            flags: fleet_store_flags(port, &tag),
+            starts: 1,
+            dir,
+        })
+    }
+
+    /// Kills Redis like a crash.
+    pub fn kill(&mut self) {
+        self.server.kill();
+    }
+
+    /// Starts it again on the same port, empty (nothing is kept on disk),
+    /// and waits until it answers.
+    pub async fn restart(&mut self) {
+        self.server.kill();
+        self.server = start(&self.dir, self.port, self.starts);
+        self.starts += 1;
+        assert!(answers(self.port).await, "redis never came back");
+    }
+}
 
 /// `redis-server` on `port`, keeping nothing on disk (a restart comes back
 /// empty, as a Redis without persistence does); `start` numbers its log.

@@ -16,9 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use sglang_envoy_e2e::{
-    free_port, fresh_dir, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions,
-};
+use sglang_envoy_e2e::{free_port, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions};
 
 /// The wasm filter's count of requests it routed itself, in Envoy's stats.
 const LOCAL_FALLBACKS: &str = "wasmcustom.sglang_router_local_fallbacks";
@@ -88,22 +86,17 @@ async fn client(id: usize, base: String, stop: Arc<AtomicBool>, record: Arc<Mute
 
 #[tokio::test]
 async fn a_control_plane_stopped_under_pd_load_lets_its_prefills_finish() {
-    if redis::missing() {
-        return;
-    }
     if FrontDoor::current() == FrontDoor::Picker {
         // An InferencePool gateway's cluster to its pickers, and what it
         // does when one goes away, are the gateway's (deploy/gie).
         eprintln!("skipped: the picker's failover is its gateway's");
         return;
     }
+    let Some(store) = redis::Store::start("drain").await else {
+        return;
+    };
+    let store_args = store.flags.clone();
     let wasm = FrontDoor::current() == FrontDoor::Wasm;
-    let tag = format!("drain-{}", std::process::id());
-    let dir = fresh_dir(&tag).unwrap();
-    let redis_port = free_port();
-    let _store = redis::start(&dir, redis_port, 0);
-    assert!(redis::answers(redis_port).await, "redis never answered");
-    let store_args = redis::fleet_store_flags(redis_port, &tag);
     let grpc = [free_port(), free_port()];
     // The first control plane, with the PD fleet, starts alone: Envoy's
     // one filter session opens on it.

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sglang_envoy_e2e::{free_port, fresh_dir, redis, wait_until, SimWorker, Stack, StackOptions};
+use sglang_envoy_e2e::{redis, wait_until, SimWorker, Stack, StackOptions};
 
 const GEN: &str = r#"{"text":"hello","sampling_params":{"max_new_tokens":1}}"#;
 
@@ -39,14 +39,10 @@ async fn all_served(stack: &Stack, n: usize, what: &str) {
 
 #[tokio::test]
 async fn workers_changed_through_one_control_plane_reach_the_other() {
-    if redis::missing() {
+    let Some(mut redis) = redis::Store::start("fleet-store").await else {
         return;
-    }
-    let dir = fresh_dir(&format!("fleet-store-{}", std::process::id())).unwrap();
-    let port = free_port();
-    let mut redis = redis::start(&dir, port, 0);
-    assert!(redis::answers(port).await, "redis never answered");
-    let store = redis::fleet_store_flags(port, &format!("e2e-{}", std::process::id()));
+    };
+    let store = redis.flags.clone();
     let first = Stack::start(StackOptions {
         workers: 2,
         policy: "round_robin".into(),
@@ -161,8 +157,7 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
         lists(&second, &late.url).await,
         "with the store down, the second cannot have heard of the removal"
     );
-    let _redis = redis::start(&dir, port, 1);
-    assert!(redis::answers(port).await, "redis never came back");
+    redis.restart().await;
     let caught_up = wait_until(Duration::from_secs(3), || async {
         !lists(&second, &late.url).await
     })

@@ -12,9 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sglang_envoy_e2e::{
-    free_port, fresh_dir, redis, FrontDoor, Proc, ScratchDir, SimWorker, Stack, StackOptions,
-};
+use sglang_envoy_e2e::{free_port, redis, FrontDoor, SimWorker, Stack, StackOptions};
 
 /// Client tasks sending at once, spread over both Envoys.
 const CLIENTS: usize = 8;
@@ -95,21 +93,16 @@ async fn phase(record: &Record, name: &'static str, for_: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_control_planes_lose_one_and_no_request_notices() {
-    if redis::missing() {
-        return;
-    }
     if FrontDoor::current() == FrontDoor::Picker {
         // An InferencePool gateway's cluster to its pickers, and what it
         // does when one dies, are the gateway's (deploy/gie).
         eprintln!("skipped: the picker's failover is its gateway's");
         return;
     }
-    let dir = fresh_dir(&format!("replicas-{}", std::process::id())).unwrap();
-    let redis_port = free_port();
-    let mut store = redis::start(&dir, redis_port, 0);
-    assert!(redis::answers(redis_port).await, "redis never answered");
-    let store_args =
-        redis::fleet_store_flags(redis_port, &format!("replicas-{}", std::process::id()));
+    let Some(mut store) = redis::Store::start("replicas").await else {
+        return;
+    };
+    let store_args = store.flags.clone();
     let grpc = [free_port(), free_port(), free_port()];
     // Each Envoy's cluster lists every control plane, its own first (the
     // order a DNS name's addresses come in does not matter).
@@ -159,7 +152,7 @@ async fn three_control_planes_lose_one_and_no_request_notices() {
 
     // Added through the third: every control plane has it within 1 s.
     *record.phase.lock().unwrap() = "worker added";
-    let extra = SimWorker::start(&dir, &[]).await.unwrap();
+    let extra = SimWorker::start(&store.dir, &[]).await.unwrap();
     let added = Instant::now();
     let r = reqwest::Client::new()
         .post(third.admin_url("/workers"))
@@ -199,8 +192,7 @@ async fn three_control_planes_lose_one_and_no_request_notices() {
     store.kill();
     tokio::time::sleep(Duration::from_secs(2)).await;
     *record.phase.lock().unwrap() = "store restarted";
-    let _store = redis::start(&dir, redis_port, 1);
-    assert!(redis::answers(redis_port).await, "redis never came back");
+    store.restart().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     record.stop.store(true, Ordering::Relaxed);
@@ -278,11 +270,9 @@ async fn three_control_planes_lose_one_and_no_request_notices() {
 /// with `workers` simulated workers, the second with none until it takes
 /// them from the store. `None` where the pass cannot run it.
 struct Pair {
-    store: Proc,
+    store: redis::Store,
     first: Stack,
     second: Stack,
-    /// Redis's directory; last, so that Redis is gone before it is removed.
-    _dir: ScratchDir,
 }
 
 async fn two_control_planes(
@@ -291,19 +281,12 @@ async fn two_control_planes(
     policy: &str,
     more_args: &[&str],
 ) -> Option<Pair> {
-    if redis::missing() {
-        return None;
-    }
     if FrontDoor::current() == FrontDoor::Picker {
         eprintln!("skipped: the picker pass runs one control plane per gateway");
         return None;
     }
-    let tag = format!("{tag}-{}", std::process::id());
-    let dir = fresh_dir(&tag).unwrap();
-    let redis_port = free_port();
-    let store = redis::start(&dir, redis_port, 0);
-    assert!(redis::answers(redis_port).await, "redis never answered");
-    let mut cp_args = redis::fleet_store_flags(redis_port, &tag);
+    let store = redis::Store::start(tag).await?;
+    let mut cp_args = store.flags.clone();
     cp_args.extend(more_args.iter().map(|a| a.to_string()));
     let options = |workers: usize| StackOptions {
         workers,
@@ -326,7 +309,6 @@ async fn two_control_planes(
         store,
         first,
         second,
-        _dir: dir,
     })
 }
 
@@ -363,9 +345,7 @@ async fn route_one(via: &Stack, workers: &[SimWorker], family: usize, turn: usiz
 /// known.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prompt_routed_through_one_control_plane_is_known_to_the_others() {
-    // `_dir` first: bindings drop in reverse, so it goes last.
     let Some(Pair {
-        _dir,
         mut store,
         first,
         second,
@@ -440,9 +420,7 @@ async fn a_worker_busy_with_one_control_planes_requests_is_avoided_by_the_others
     // Only the shared counts can tell the second control plane; the
     // policy that weighs every request in flight (cache_aware looks at
     // loads only past its imbalance thresholds).
-    // `_dir` first: bindings drop in reverse, so it goes last.
     let Some(Pair {
-        _dir,
         mut store,
         first,
         second,
