@@ -115,11 +115,8 @@ impl Sessions {
     /// another replica and sends its unanswered questions there.
     pub fn new(drain: Drain) -> Self {
         Sessions {
-            next_id: AtomicU64::default(),
-            next_sync: AtomicU64::default(),
-            open: DashMap::default(),
-            last_round: Mutex::default(),
             drain,
+            ..Sessions::default()
         }
     }
 

@@ -160,7 +160,8 @@ async fn a_control_plane_stopped_under_pd_load_lets_its_prefills_finish() {
     .await;
     assert!(with_session, "the filter opened no session");
     let base = first.base.clone();
-    let (mut stopped, other) = if !wasm || sessions(&first).await >= 1.0 {
+    let first_stopped = !wasm || sessions(&first).await >= 1.0;
+    let (mut stopped, other) = if first_stopped {
         (first, second)
     } else {
         (second, first)
@@ -168,14 +169,11 @@ async fn a_control_plane_stopped_under_pd_load_lets_its_prefills_finish() {
 
     // The readiness probe's question may have met the second's port
     // before it listened.
-    let fallbacks_before = if stopped.base == base {
-        &stopped
-    } else {
-        &other
-    }
-    .envoy_stat(LOCAL_FALLBACKS)
-    .await
-    .unwrap_or(0);
+    // The clients' Envoy is the first stack's.
+    let fallbacks_before = if first_stopped { &stopped } else { &other }
+        .envoy_stat(LOCAL_FALLBACKS)
+        .await
+        .unwrap_or(0);
     let stop = Arc::new(AtomicBool::new(false));
     let record = Arc::new(Mutex::new(Vec::new()));
     let clients: Vec<_> = (0..CLIENTS)
@@ -232,11 +230,7 @@ async fn a_control_plane_stopped_under_pd_load_lets_its_prefills_finish() {
     // filter on its own.
     if wasm {
         assert!(sessions(&other).await >= 1.0, "the session did not move");
-        let envoy = if stopped.base == base {
-            &stopped
-        } else {
-            &other
-        };
+        let envoy = if first_stopped { &stopped } else { &other };
         let fallbacks = envoy.envoy_stat(LOCAL_FALLBACKS).await.unwrap_or(0);
         assert_eq!(
             fallbacks - fallbacks_before,
