@@ -367,7 +367,7 @@ impl ControlPlane {
             )
             .add_service(EndpointDiscoveryServiceServer::new(xds::Eds::new(
                 engine.registry().clone(),
-                drain.watch(),
+                drain.clone(),
             )))
             .add_service(
                 ExternalProcessorServer::new(ext_proc::ExtProcService::new(
@@ -388,17 +388,13 @@ impl ControlPlane {
         listener
             .set_nonblocking(true)
             .context("the gRPC listener")?;
-        let mut draining = drain.watch();
+        let drained = drain.started();
         let mut grpc = grpc_runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
             // Draining (`shutdown.rs`) closes the port and sends Envoy's
             // connections GOAWAY.
-            let draining = async move {
-                let _ = draining.wait_for(|&d| d).await;
-            };
-            grpc.serve_with_incoming_shutdown(incoming, draining)
-                .await?;
+            grpc.serve_with_incoming_shutdown(incoming, drained).await?;
             anyhow::Ok(())
         });
 

@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 
 use crate::engine::Engine;
 use crate::sessions::Registration;
+use crate::shutdown;
 
 /// Answers not yet taken by Envoy before the session stops reading
 /// questions (back-pressure instead of unbounded memory).
@@ -56,24 +57,20 @@ impl FilterSession {
         mut incoming: Streaming<SessionUp>,
         answers: mpsc::Sender<Result<SessionDown, Status>>,
     ) {
-        let mut draining = self.registration.draining();
-        let going = || Err(Status::unavailable("this control plane is shutting down"));
         if self.registration.is_draining() {
-            let _ = answers.send(going()).await;
+            let _ = answers.send(Err(shutdown::refusal())).await;
             return;
         }
-        // It only ever changes to true: any change is the drain (or its
-        // sender gone, the process ending). One future for the session's
-        // life, polled only when no message is ready: a message waiting
-        // costs nothing more than before.
-        let drained = draining.changed();
+        // One future for the session's life, polled only when no message
+        // is ready: a message waiting costs nothing more than before.
+        let drained = self.registration.drained();
         tokio::pin!(drained);
         loop {
             let message = tokio::select! {
                 biased;
                 message = incoming.message() => message,
-                _ = &mut drained => {
-                    let _ = answers.send(going()).await;
+                () = &mut drained => {
+                    let _ = answers.send(Err(shutdown::refusal())).await;
                     break;
                 }
             };

@@ -62,10 +62,10 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Says `true` once this control plane is going away: the session
-    /// then ends (`shutdown.rs`).
-    pub fn draining(&self) -> watch::Receiver<bool> {
-        self.sessions.drain.watch()
+    /// Resolves once this control plane is going away: the session then
+    /// ends (`shutdown.rs`).
+    pub fn drained(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.sessions.drain.started()
     }
 
     /// True once this control plane is going away.
@@ -274,15 +274,20 @@ mod tests {
         let sessions = Arc::new(Sessions::new(drain.clone()));
         let (tx, _rx) = mpsc::channel(4);
         let open = sessions.open(tx.clone());
-        let mut told = open.draining();
-        assert!(!open.is_draining() && !*told.borrow());
+        let told = open.drained();
+        tokio::pin!(told);
+        assert!(!open.is_draining());
+        assert!(futures::poll!(&mut told).is_pending());
         drain.start();
-        assert!(told.changed().await.is_ok() && *told.borrow());
+        assert!(futures::poll!(&mut told).is_ready());
         assert!(open.is_draining());
         let later = sessions.open(tx);
         assert!(
             later.is_draining(),
             "a session opened while draining ends at once"
         );
+        let told_later = later.drained();
+        tokio::pin!(told_later);
+        assert!(futures::poll!(&mut told_later).is_ready());
     }
 }

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::{sleep, timeout_at, Instant};
+use tonic::Status;
 use tracing::{info, warn};
 
 use crate::engine::Engine;
@@ -50,10 +51,22 @@ impl Drain {
         *self.0.borrow()
     }
 
-    /// Says `true` once started (it never changes back).
-    pub fn watch(&self) -> watch::Receiver<bool> {
-        self.0.subscribe()
+    /// Resolves once started: at its first poll if it already has. It
+    /// checks the flag once, then only waits to be woken, so a loop can
+    /// keep one pinned and poll it beside its other work for nothing.
+    pub fn started(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut told = self.0.subscribe();
+        async move {
+            // An error is the sender gone: the process is ending anyway.
+            let _ = told.wait_for(|&going| going).await;
+        }
     }
+}
+
+/// What a stream refused or ended by the drain gets: `UNAVAILABLE`, which
+/// Envoy and the filter answer by going to another replica.
+pub fn refusal() -> Status {
+    Status::unavailable("this control plane is shutting down")
 }
 
 /// How often the prefills still running are counted while draining.

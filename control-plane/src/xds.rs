@@ -28,11 +28,12 @@ use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_se
 use envoy_types::pb::google::protobuf::{value, Any, Struct, Value};
 use futures::Stream;
 use prost::Message;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
+use crate::shutdown::{self, Drain};
 use crate::workers::{Registry, Role, Worker};
 
 const CLA_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
@@ -40,15 +41,15 @@ const CLA_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoad
 /// Serves `StreamEndpoints`: every requested cluster gets all registered workers.
 pub struct Eds {
     registry: Arc<Registry>,
-    /// Says `true` when this control plane is going away: each stream then
+    /// Started when this control plane is going away: each stream then
     /// ends (`shutdown.rs`), and Envoy asks another replica.
-    draining: watch::Receiver<bool>,
+    drain: Drain,
 }
 
 impl Eds {
-    /// An EDS server publishing `registry` until `draining` says `true`.
-    pub fn new(registry: Arc<Registry>, draining: watch::Receiver<bool>) -> Self {
-        Eds { registry, draining }
+    /// An EDS server publishing `registry` until `drain` starts.
+    pub fn new(registry: Arc<Registry>, drain: Drain) -> Self {
+        Eds { registry, drain }
     }
 }
 
@@ -157,17 +158,17 @@ impl EndpointDiscoveryService for Eds {
         let mut inbound = request.into_inner();
         let registry = self.registry.clone();
         let mut changes = registry.subscribe();
-        let mut draining = self.draining.clone();
-        if *draining.borrow_and_update() {
-            return Err(Status::unavailable("this control plane is shutting down"));
+        if self.drain.is_started() {
+            return Err(shutdown::refusal());
         }
+        let drained = self.drain.started();
         let (tx, rx) = mpsc::channel(8);
         tokio::spawn(async move {
+            tokio::pin!(drained);
             let mut names: Vec<String> = Vec::new();
             loop {
                 let send = tokio::select! {
-                    // It only ever changes to true.
-                    Ok(()) = draining.changed() => break,
+                    () = &mut drained => break,
                     msg = inbound.message() => match msg {
                         Ok(Some(req)) => {
                             if let Some(err) = &req.error_detail {
