@@ -19,6 +19,7 @@ mod process;
 pub mod redis;
 mod sim_worker;
 mod stack;
+mod stack_options;
 mod tls;
 
 pub use envoy_config::{EnvoyConfig, EnvoyEnv};

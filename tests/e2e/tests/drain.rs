@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use sglang_envoy_e2e::{free_port, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions};
+use tokio::task::JoinHandle;
 
 /// The wasm filter's count of requests it routed itself, in Envoy's stats.
 const LOCAL_FALLBACKS: &str = "wasmcustom.sglang_router_local_fallbacks";
@@ -130,15 +131,7 @@ async fn a_control_plane_stopped_under_pd_load_lets_its_prefills_finish() {
     })
     .await
     .unwrap();
-    for w in first.prefills.iter().chain(&first.decodes) {
-        assert!(
-            second
-                .wait_marked(&w.url, true, Duration::from_secs(5))
-                .await,
-            "the second control plane never took {} from the store",
-            w.url
-        );
-    }
+    second.wait_fleet_of(&first).await;
     // The second's port refused connections while the first's Envoy
     // started, which ejected it for a while (outlier detection): with the
     // first gone too, Envoy would ignore the ejection (its panic mode).
@@ -240,16 +233,12 @@ async fn a_control_plane_stopped_under_pd_load_lets_its_prefills_finish() {
     }
 }
 
-/// A control plane told twice to stop (Ctrl-C, then Ctrl-C again) stops
-/// waiting: the first signal drains, and it keeps running while a prefill
-/// it sent runs; the second ends it at once.
-#[tokio::test]
-async fn told_twice_it_stops_waiting() {
-    if FrontDoor::current() != FrontDoor::Wasm {
-        eprintln!("skipped: the control plane's own behaviour; one pass is enough");
-        return;
-    }
-    let mut stack = Stack::start(StackOptions {
+/// A PD control plane (`cp_args` more flags) with a prefill of about
+/// 2.5 s in flight, and the request waiting for it.
+async fn with_a_slow_prefill(
+    cp_args: Vec<String>,
+) -> (Stack, JoinHandle<reqwest::Result<reqwest::Response>>) {
+    let stack = Stack::start(StackOptions {
         pd: Some(PdOptions::default()),
         // About 2.5 s of prefill for the prompt below: under the decode's
         // KV wait (3 s), so the request is still whole when it is checked.
@@ -261,6 +250,7 @@ async fn told_twice_it_stops_waiting() {
         ]
         .map(String::from)
         .to_vec(),
+        cp_args,
         ..Default::default()
     })
     .await
@@ -271,16 +261,21 @@ async fn told_twice_it_stops_waiting() {
         "max_tokens": 2,
     })
     .to_string();
-    let url = stack.url("/v1/chat/completions");
-    let request = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(url)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-    });
+    let request = stack.post_spawned("/v1/chat/completions", body);
     tokio::time::sleep(Duration::from_millis(500)).await;
+    (stack, request)
+}
+
+/// A control plane told twice to stop (Ctrl-C, then Ctrl-C again) stops
+/// waiting: the first signal drains, and it keeps running while a prefill
+/// it sent runs; the second ends it at once.
+#[tokio::test]
+async fn told_twice_it_stops_waiting() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("skipped: the control plane's own behaviour; one pass is enough");
+        return;
+    }
+    let (mut stack, request) = with_a_slow_prefill(Vec::new()).await;
     assert!(stack.signal_control_plane("TERM"));
     assert!(
         !stack.control_plane_exits(Duration::from_secs(1)).await,

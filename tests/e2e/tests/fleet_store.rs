@@ -61,16 +61,7 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
     })
     .await
     .unwrap();
-    for w in &first.workers {
-        assert!(
-            second
-                .wait_marked(&w.url, true, Duration::from_secs(5))
-                .await,
-            "the second control plane never took {} from the store:\n{}",
-            w.url,
-            second.control_plane_log()
-        );
-    }
+    second.wait_fleet_of(&first).await;
     all_served(&second, 4, "through the second").await;
 
     // Added through the first: the second routes to it within a second.

@@ -119,15 +119,7 @@ async fn three_control_planes_lose_one_and_no_request_notices() {
     let second = Stack::start(options(1, 0)).await.unwrap();
     let third = Stack::start(options(2, 0)).await.unwrap();
     for stack in [&second, &third] {
-        for w in &first.workers {
-            assert!(
-                stack
-                    .wait_marked(&w.url, true, Duration::from_secs(5))
-                    .await,
-                "a control plane never took {} from the store",
-                w.url
-            );
-        }
+        stack.wait_fleet_of(&first).await;
     }
 
     // What the Envoys logged before the load (a VM's first question, asked
@@ -296,15 +288,7 @@ async fn two_control_planes(
     };
     let first = Stack::start(options(workers)).await.unwrap();
     let second = Stack::start(options(0)).await.unwrap();
-    for w in &first.workers {
-        assert!(
-            second
-                .wait_marked(&w.url, true, Duration::from_secs(5))
-                .await,
-            "the second control plane never took {} from the store",
-            w.url
-        );
-    }
+    second.wait_fleet_of(&first).await;
     Some(Pair {
         store,
         first,
