@@ -514,7 +514,9 @@ async fn profile_ha_shares_the_workers_and_outlives_a_control_plane_and_redis() 
     let routed = routed_by_second(&compose) - before;
     assert!(
         routed >= 30.0,
-        "control-plane-2 routed {routed} of the 30 requests after control-plane stopped"
+        "control-plane-2 routed {routed} of the 30 requests after control-plane stopped\n{}\n{}",
+        compose.run(&["logs", "--tail", "60", "envoy"]),
+        compose.run(&["logs", "--tail", "30", "control-plane-2"])
     );
 
     // Redis stopped as well: the control plane left routes on what it has.
