@@ -34,6 +34,10 @@ pub struct FilterConfig {
     pub max_buffered_bytes: usize,
     /// A request whose body makes no progress for this long gets 408.
     pub body_idle_timeout_ms: u64,
+    /// The largest question (a PD or exact-cache question carries the
+    /// body) asked on the session stream; a larger one takes a call of
+    /// its own (`session::DEFAULT_QUESTION_MAX_BYTES` says why).
+    pub session_question_max_bytes: usize,
     /// Hold an answer's last bytes until the control plane has counted the
     /// request's end (one round trip on the session stream), so a client
     /// that has its answer never finds its request in `/get_loads`.
@@ -69,6 +73,7 @@ impl Default for FilterConfig {
             // Well under a client's patience, far over any pause between
             // the packets of a healthy upload.
             body_idle_timeout_ms: 4000,
+            session_question_max_bytes: crate::session::DEFAULT_QUESTION_MAX_BYTES,
             exact_loads: true,
             test_trap_header: None,
         }

@@ -39,7 +39,7 @@ use log::{debug, warn};
 
 /// gRPC `UNAVAILABLE`: Envoy's answer when no endpoint of the control
 /// plane's cluster takes the call.
-const UNAVAILABLE: u32 = 14;
+pub const UNAVAILABLE: u32 = 14;
 /// gRPC `DEADLINE_EXCEEDED`: the control plane took the call but did not
 /// answer in time (a hung process).
 const DEADLINE_EXCEEDED: u32 = 4;

@@ -153,6 +153,10 @@ impl Context for Root {
                 .is_some_and(|v| v == ENDS_RIDE.as_bytes());
             self.shared.session.confirmed(token_id, now, ends_ride);
             self.shared.reach_session.answered(now);
+            // A replica answers: the calls refused before came from another
+            // (gone, draining or not started), and stop counting, as
+            // refusals do while the session is up (`Shared::call_ended`).
+            self.shared.reach_calls.answered(now);
         }
     }
 

@@ -57,9 +57,16 @@ const QUICK_TRIES: u8 = 3;
 /// is opened at once. One that breaks sooner (a control plane that answers
 /// and then drops every session) keeps backing off.
 const STEADY: Duration = Duration::from_secs(1);
-/// Larger questions (PD bodies) take a call of their own rather than hold
-/// up every other request's question behind them on the one stream.
-pub const MAX_QUESTION_BYTES: usize = 256 << 10;
+/// The default of `session_question_max_bytes`. Larger questions take a
+/// call of their own rather than hold up every other request's question
+/// behind them on the one stream. A question with
+/// its body (PD, exact cache state) goes on the session up to this size, a
+/// prompt of about a million tokens: its prefill wait and its end follow it
+/// there, to the replica that counted it. A call goes to whichever replica
+/// Envoy picks, and with several, its prefill wait and end may reach
+/// another, which knows nothing of it (256 KiB here failed half of such
+/// requests with two replicas: `tests/e2e/tests/replica_calls.rs`).
+pub const DEFAULT_QUESTION_MAX_BYTES: usize = 4 << 20;
 /// Ends kept for the next message at most; one more sends them at once.
 const MAX_RIDING_ENDS: usize = 64;
 

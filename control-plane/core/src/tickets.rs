@@ -72,7 +72,7 @@ impl PrefillHandle {
                 http_status: 499,
                 message: "the request ended before its prefill did".into(),
                 error_type: "prefill_failed".into(),
-                input_token_logprobs: String::new(),
+                ..Default::default()
             },
         }
     }

@@ -298,10 +298,11 @@ impl Engine {
                 ok: false,
                 http_status: 503,
                 message:
-                    "no prefill request is known for this ticket (was the control plane restarted?)"
+                    "no prefill request is known for this ticket (another replica sent it, or this one restarted)"
                         .into(),
                 error_type: "prefill_failed".into(),
-                input_token_logprobs: String::new(),
+                unknown_ticket: true,
+                ..Default::default()
             },
         }
     }

@@ -97,7 +97,7 @@ fn failure(status: u32, message: &str) -> PrefillOutcome {
         http_status: status,
         message: message.to_string(),
         error_type: "prefill_failed".into(),
-        input_token_logprobs: String::new(),
+        ..Default::default()
     }
 }
 

@@ -6,8 +6,9 @@ use crate::contexts::CallOwners;
 /// A call in flight, by what its answer is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Call {
-    /// `Route`: the routing question.
-    Route,
+    /// `Route`: the routing question, after this many refusals of it
+    /// (`UNAVAILABLE`: a replica gone or draining) by other replicas.
+    Route(u8),
     /// `AwaitAdmission`: a queued request's slot.
     Admission,
     /// `AwaitPrefill`: the outcome of the prefill half the control plane sent.

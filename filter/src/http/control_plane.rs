@@ -16,7 +16,14 @@ use sglang_envoy_proto::{
 use super::calls::Call;
 use super::{Flow, Request};
 use crate::holds::Hold;
-use crate::session::{Wait, MAX_QUESTION_BYTES};
+use crate::reach::UNAVAILABLE;
+use crate::session::Wait;
+
+/// How many replicas may refuse a question before the request is routed
+/// without the control plane. More than one: Envoy's round robin may give
+/// a call of this VM's made in between the turn of a live replica, and the
+/// question's next try the refusing one again.
+const MAX_REFUSALS: u8 = 2;
 
 /// The longest a failed answer waits for its report to be taken.
 const REPORT_WAIT: Duration = Duration::from_millis(250);
@@ -118,20 +125,27 @@ impl Request {
 
     /// Sends the routing question; its answer arrives in [`Self::answered`].
     pub(super) fn ask(&mut self, question: Question) -> Flow {
+        self.ask_as(question, Call::Route(0))
+    }
+
+    /// Sends the routing question, as `call` when it goes as a call.
+    fn ask_as(&mut self, question: Question, call: Call) -> Flow {
         // The question may be as large as the body: it is gone (moved into
         // the message, dropped with it) before we wait.
         let mut request = RouteRequest::from(question);
         let now = self.get_current_time();
-        let on_session =
-            self.shared.session.takes_questions(now) && request.body.len() <= MAX_QUESTION_BYTES;
+        let on_session = self.shared.session.takes_questions(now)
+            && request.body.len() <= self.shared.config.session_question_max_bytes;
         // A control plane that stopped answering is not asked, on the
-        // session or with a call, but by its probe.
+        // session or with a call, but by its probe. A question a replica
+        // refused is asked again whatever the gate says: that refusal
+        // closed it, and another replica may well answer.
         let gate = if on_session {
-            &self.shared.reach_session
+            Some(&self.shared.reach_session)
         } else {
-            &self.shared.reach_calls
+            (call == Call::Route(0)).then_some(&self.shared.reach_calls)
         };
-        if !gate.allows(now) {
+        if gate.is_some_and(|gate| !gate.allows(now)) {
             return self.run_no_answer();
         }
         if on_session {
@@ -158,7 +172,7 @@ impl Request {
             request.prefill_follows = false;
         }
         let encoded = request.encode_to_vec();
-        if self.call("Route", &encoded, self.route_timeout(), Call::Route) {
+        if self.call("Route", &encoded, self.route_timeout(), call) {
             self.hold(Hold::Request, self.route_timeout());
             return Flow::Wait;
         }
@@ -309,7 +323,12 @@ impl Request {
                 let outcome = self.answer::<PrefillOutcome>(grpc_status, size);
                 self.prefill_answered(outcome);
             }
-            Call::Route => {
+            Call::Route(refusals)
+                if grpc_status == Some(UNAVAILABLE) && refusals < MAX_REFUSALS =>
+            {
+                self.ask_again(refusals + 1)
+            }
+            Call::Route(_) => {
                 let response = self.answer::<RouteResponse>(grpc_status, size);
                 self.route_answered(response);
             }
@@ -326,6 +345,28 @@ impl Request {
                 };
                 self.run_resuming(step);
             }
+        }
+    }
+
+    /// A replica refused the question as a call (`refusals` times now):
+    /// gone (Envoy ejects it on that failure) or draining. The question is
+    /// asked again, of the replica Envoy picks now, before the request is
+    /// routed without the control plane. A session's questions need none
+    /// of this: the session keeps them, and asks them again on its next
+    /// stream.
+    fn ask_again(&mut self, refusals: u8) {
+        debug!(
+            "a control plane refused the question about {}: asking again",
+            self.lc.path()
+        );
+        // Whatever follows holds the request again if it must.
+        self.unhold();
+        let flow = match self.lc.on_refused(&self.source()) {
+            Step::Ask(question) => self.ask_as(*question, Call::Route(refusals)),
+            step => self.run(step),
+        };
+        if flow == Flow::Go {
+            self.resume_http_request();
         }
     }
 

@@ -272,6 +272,17 @@ impl Lifecycle {
         }
     }
 
+    /// The question reached a control plane that refused it (one replica
+    /// of several gone or draining): the same question, built again, for
+    /// another replica. Not asking: nothing to ask again, the reply
+    /// [`Self::on_no_answer`] gives.
+    pub fn on_refused<S: Source>(&mut self, source: &S) -> Step {
+        match self.state {
+            State::Asking { with_body } => self.ask(source, with_body),
+            _ => self.on_no_answer(),
+        }
+    }
+
     /// The control plane gave no answer (unreachable, failed, timed out).
     pub fn on_no_answer(&mut self) -> Step {
         match self.state {
@@ -494,6 +505,10 @@ impl Lifecycle {
 
     /// The prefill half's outcome arrived.
     pub fn on_prefill(&mut self, outcome: PrefillOutcome) -> PrefillStep {
+        if outcome.unknown_ticket {
+            // Asked of a replica that did not send it: not a failure.
+            return self.on_prefill_unknown();
+        }
         let State::Upstream(answer) = &mut self.state else {
             return PrefillStep::Nothing;
         };

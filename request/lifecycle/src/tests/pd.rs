@@ -94,6 +94,30 @@ fn a_decode_error_waits_briefly_for_the_prefills() {
 }
 
 #[test]
+fn a_prefill_the_replica_asked_does_not_know_is_an_unknown_outcome_not_a_failure() {
+    let unknown = PrefillOutcome {
+        unknown_ticket: true,
+        ..prefill_failed(503)
+    };
+    // Before the head: nothing to do, and the head goes on when it comes.
+    let mut lc = forwarded(true, false, false);
+    assert_eq!(lc.on_prefill(unknown.clone()), PrefillStep::Nothing);
+    assert!(!lc.replied());
+    assert!(matches!(
+        lc.on_response_head(ok_head(false), upstream),
+        ResponseStep::Continue { .. }
+    ));
+    // After it: the held head is let go as it is.
+    let mut lc = forwarded(true, false, false);
+    lc.on_response_head(ok_head(true), upstream);
+    assert!(matches!(
+        lc.on_prefill(unknown),
+        PrefillStep::Release { replace: None, .. }
+    ));
+    assert!(!lc.replied());
+}
+
+#[test]
 fn a_lost_prefill_outcome_lets_the_decode_answer_through() {
     let mut lc = forwarded(true, true, false);
     assert_eq!(lc.on_prefill_unknown(), PrefillStep::Nothing);

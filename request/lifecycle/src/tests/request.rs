@@ -204,3 +204,32 @@ fn the_end_is_reported_once() {
     assert_eq!(lc.end(EndFacts::default), None, "already reported");
     assert!(lc.asked(), "still a request the control plane counted");
 }
+
+#[test]
+fn a_refused_question_is_asked_again_the_same() {
+    for attach in [false, true] {
+        let mut lc = Lifecycle::new(5, settings(false));
+        lc.on_request_head(head("POST", "/generate", false));
+        let Step::Ask(first) = lc.on_body(&client(), attach) else {
+            panic!("asked");
+        };
+        let Step::Ask(again) = lc.on_refused(&client()) else {
+            panic!("asked again");
+        };
+        assert_eq!(again, first, "attach {attach}");
+        // Its answer is taken as the first question's would have been.
+        assert!(matches!(
+            lc.on_answer(decision(false, false), &client()),
+            Step::Forward(_)
+        ));
+    }
+    // An info request's bare question, too.
+    let mut lc = Lifecycle::new(9, settings(false));
+    let HeadStep::Ask(first) = lc.on_request_head(head("GET", "/v1/models", true)) else {
+        panic!("asked at its head");
+    };
+    assert!(matches!(lc.on_refused(&client()), Step::Ask(q) if q == first));
+    // Nothing asked: nothing to ask again.
+    let mut lc = forwarded(false, false, false);
+    assert!(matches!(lc.on_refused(&client()), Step::Reply(r) if r.status == 503));
+}

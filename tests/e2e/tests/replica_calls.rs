@@ -1,0 +1,282 @@
+//! The calls a filter makes beside its session stream (questions too large
+//! for it: PD questions carry the body; a VM's first questions, before its
+//! session is up; questions while the session backs off) go to whichever
+//! control plane Envoy's cluster picks for each. With several replicas,
+//! one may refuse such a call (it is gone, or draining) while the others
+//! answer, and a question's prefill wait may reach another replica than
+//! the question did: no request may notice.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sglang_envoy_e2e::{free_port, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions};
+use sglang_envoy_proto::router_server::{Router, RouterServer};
+use sglang_envoy_proto::{
+    AdmissionOutcome, AdmissionWait, CompleteRequest, CompleteResponse, PrefillOutcome,
+    PrefillWait, RouteRequest, RouteResponse, SessionDown, SessionUp, WorkersRequest,
+    WorkersSnapshot,
+};
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// The wasm filter's count of requests it routed itself, in Envoy's stats.
+const LOCAL_FALLBACKS: &str = "wasmcustom.sglang_router_local_fallbacks";
+
+/// A control plane replica that takes every call and refuses it with
+/// `UNAVAILABLE`, as a draining one does; it counts them by method.
+#[derive(Clone, Default)]
+struct Refuser {
+    calls: Arc<Mutex<HashMap<&'static str, u64>>>,
+}
+
+impl Refuser {
+    /// Serves on a free port of 127.0.0.1; returns that port.
+    async fn start(&self) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let service = RouterServer::new(self.clone());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        port
+    }
+
+    fn refuse<T>(&self, method: &'static str) -> Result<T, Status> {
+        *self.calls.lock().unwrap().entry(method).or_default() += 1;
+        Err(Status::unavailable("draining"))
+    }
+
+    fn refused(&self, method: &str) -> u64 {
+        self.calls.lock().unwrap().get(method).copied().unwrap_or(0)
+    }
+}
+
+type Answers = std::pin::Pin<Box<dyn futures::Stream<Item = Result<SessionDown, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Router for Refuser {
+    type SessionStream = Answers;
+
+    async fn route(&self, _: Request<RouteRequest>) -> Result<Response<RouteResponse>, Status> {
+        self.refuse("Route")
+    }
+    async fn complete(
+        &self,
+        _: Request<CompleteRequest>,
+    ) -> Result<Response<CompleteResponse>, Status> {
+        self.refuse("Complete")
+    }
+    async fn await_prefill(
+        &self,
+        _: Request<PrefillWait>,
+    ) -> Result<Response<PrefillOutcome>, Status> {
+        self.refuse("AwaitPrefill")
+    }
+    async fn workers(
+        &self,
+        _: Request<WorkersRequest>,
+    ) -> Result<Response<WorkersSnapshot>, Status> {
+        self.refuse("Workers")
+    }
+    async fn await_admission(
+        &self,
+        _: Request<AdmissionWait>,
+    ) -> Result<Response<AdmissionOutcome>, Status> {
+        self.refuse("AwaitAdmission")
+    }
+    async fn session(&self, _: Request<Streaming<SessionUp>>) -> Result<Response<Answers>, Status> {
+        self.refuse("Session")
+    }
+}
+
+/// A PD chat request of about `bytes` bytes.
+fn chat_of(i: usize, bytes: usize) -> String {
+    let words = "the quick brown fox jumps over the lazy dog ".repeat(bytes / 44);
+    json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": format!("{words} {i}")}],
+        "max_tokens": 2,
+    })
+    .to_string()
+}
+
+fn chat(i: usize) -> String {
+    chat_of(i, 1_000)
+}
+
+/// A replica that refuses a question is not the end of it: the filter asks
+/// once more, and Envoy's cluster takes the call to another replica. No
+/// request is routed by the filter on its own (which, in PD, also drops
+/// the control plane's choice of prefill and its bootstrap room).
+#[tokio::test]
+async fn a_question_one_replica_refuses_is_answered_by_another() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("skipped: the filter's own calls");
+        return;
+    }
+    let refuser = Refuser::default();
+    let refusing = refuser.start().await;
+    let stack = Stack::start(StackOptions {
+        pd: Some(PdOptions::default()),
+        more_control_planes: vec![refusing],
+        // Every question with the body (all PD questions but a VM's first)
+        // takes a call.
+        filter_options: r#", "session_question_max_bytes": 0"#.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // Envoy ejects the refusing replica after a few refusals (its EDS
+    // stream's among them) and lets it back 5 s later: requests go on
+    // until it has refused a few questions.
+    let started = Instant::now();
+    let mut sent = 0;
+    while refuser.refused("Route") < 3 && started.elapsed() < Duration::from_secs(30) {
+        let r = stack.post("/v1/chat/completions", &chat(sent)).await;
+        let status = r.status();
+        assert_eq!(status, 200, "{}", r.text().await.unwrap_or_default());
+        sent += 1;
+    }
+    let refused = refuser.refused("Route");
+    eprintln!(
+        "{sent} requests; the refusing replica took {refused} questions, {} sessions, {} prefill waits",
+        refuser.refused("Session"),
+        refuser.refused("AwaitPrefill")
+    );
+    assert!(refused > 0, "no question reached the refusing replica");
+    let fallbacks = stack.envoy_stat(LOCAL_FALLBACKS).await.unwrap_or(0);
+    let log = stack.envoy_log();
+    assert_eq!(
+        fallbacks, 0,
+        "requests routed by the filter on its own:\n{log}"
+    );
+}
+
+/// Two live control planes sharing their fleet through Redis, and one
+/// Envoy (with `filter_options`) whose cluster lists both, each in
+/// rotation. `None` where Redis is missing outside CI.
+async fn two_replicas(tag: &str, filter_options: &str) -> Option<(redis::Store, Stack, Stack)> {
+    let store = redis::Store::start(tag).await?;
+    let second_port = free_port();
+    let first = Stack::start(StackOptions {
+        pd: Some(PdOptions::default()),
+        cp_args: store.flags.clone(),
+        more_control_planes: vec![second_port],
+        filter_options: filter_options.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let second = Stack::start(StackOptions {
+        pd: Some(PdOptions {
+            prefills: 0,
+            decodes: 0,
+            ..Default::default()
+        }),
+        cp_args: store.flags.clone(),
+        cp_grpc_port: Some(second_port),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    second.wait_fleet_of(&first).await;
+    // The second replica was not up when the Envoy started: it is taken
+    // back once its ejection ends.
+    let entry = format!("sglang_control_plane::127.0.0.1:{second_port}::health_flags::healthy");
+    let in_rotation = wait_until(Duration::from_secs(20), || async {
+        match reqwest::get(format!("{}/clusters", first.envoy_admin)).await {
+            Ok(r) => r.text().await.is_ok_and(|t| t.lines().any(|l| l == entry)),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(in_rotation, "Envoy never sent to the second replica");
+    Some((store, first, second))
+}
+
+/// Sends `n` PD requests of about `bytes` bytes through `via`; the
+/// failed ones' statuses and answers.
+async fn send(via: &Stack, n: usize, bytes: usize) -> Vec<(u16, String)> {
+    let mut failed = Vec::new();
+    for i in 0..n {
+        let r = via.post("/v1/chat/completions", &chat_of(i, bytes)).await;
+        let status = r.status().as_u16();
+        if status != 200 {
+            failed.push((status, r.text().await.unwrap_or_default()));
+        }
+    }
+    failed
+}
+
+/// The requests each replica routed.
+async fn routed(stacks: [&Stack; 2]) -> [f64; 2] {
+    let mut n = [0.0; 2];
+    for (i, stack) in stacks.into_iter().enumerate() {
+        n[i] = stack.metric("sgl_router_requests_total").await;
+    }
+    n
+}
+
+/// Whether the control plane of `stack` counts no load within 5 s.
+async fn loads_return_to_zero(stack: &Stack) -> bool {
+    wait_until(Duration::from_secs(5), || async {
+        let loads = stack.admin_loads().await;
+        !loads.is_empty() && loads.iter().all(|(_, l)| *l == 0)
+    })
+    .await
+}
+
+/// PD questions carry the body: a 300 KB one used to take a call of its
+/// own (over 256 KiB), to either replica, while its prefill wait and its
+/// end went on the session, to the other: half of such requests failed
+/// with 503 "no prefill request is known for this ticket". Up to 4 MiB
+/// they now go on the session, and all three reach one replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_pd_questions_with_two_replicas_are_answered_and_end() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("skipped: the filter's own calls");
+        return;
+    }
+    let Some((_store, first, second)) = two_replicas("replica-calls-large", "").await else {
+        return;
+    };
+    let failed = send(&first, 20, 300_000).await;
+    eprintln!(
+        "routed by each replica: {:?}; failed: {failed:?}",
+        routed([&first, &second]).await
+    );
+    assert!(failed.is_empty(), "{failed:?}");
+    for (name, stack) in [("first", &first), ("second", &second)] {
+        assert!(
+            loads_return_to_zero(stack).await,
+            "the {name} replica still counts load: {:?}",
+            stack.admin_loads().await
+        );
+    }
+}
+
+/// Questions larger than `session_question_max_bytes` (0 here: every PD
+/// question with its body) still take calls, to either replica, and their
+/// prefill waits may reach the other: that one answers that it does not
+/// know the ticket, and the decode's own answer goes to the client, not a
+/// 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_wait_that_reaches_the_other_replica_fails_no_request() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("skipped: the filter's own calls");
+        return;
+    }
+    let options = r#", "session_question_max_bytes": 0"#;
+    let Some((_store, first, second)) = two_replicas("replica-calls-unknown", options).await else {
+        return;
+    };
+    let failed = send(&first, 20, 1_000).await;
+    let routed = routed([&first, &second]).await;
+    eprintln!("routed by each replica: {routed:?}; failed: {failed:?}");
+    assert!(routed[1] > 0.0, "no question reached the second replica");
+    assert!(failed.is_empty(), "{failed:?}");
+}
