@@ -357,7 +357,7 @@ impl ControlPlane {
             builder = builder.tls_config(tls).context("TLS on the gRPC port")?;
         }
         let grpc = builder
-            .add_service(grpc_health::service().await)
+            .add_service(grpc_health::service(&drain).await)
             .add_service(
                 RouterServer::new(service::RouterService::new(
                     engine.clone(),
@@ -402,7 +402,7 @@ impl ControlPlane {
             Some(port) => {
                 let addr = SocketAddr::new(args.host, port);
                 let server = tonic::transport::Server::builder()
-                    .add_service(grpc_health::service().await)
+                    .add_service(grpc_health::service(&drain).await)
                     .serve(addr);
                 info!(%addr, "gRPC health also served here");
                 Some(server)

@@ -18,6 +18,10 @@ use std::time::Duration;
 use serde_json::json;
 use sglang_envoy_e2e::{free_port, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions};
 use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 /// The wasm filter's count of requests it routed itself, in Envoy's stats.
 const LOCAL_FALLBACKS: &str = "wasmcustom.sglang_router_local_fallbacks";
@@ -288,5 +292,71 @@ async fn told_twice_it_stops_waiting() {
     );
     let log = stack.control_plane_log();
     assert!(log.contains("told again to stop"), "{log}");
+    request.abort();
+}
+
+/// `service`'s status on the gRPC health service of `client` (`None` when
+/// it does not answer).
+async fn status(client: &HealthClient<Channel>, service: &str) -> Option<ServingStatus> {
+    let request = HealthCheckRequest {
+        service: service.to_string(),
+    };
+    let answer = client.clone().check(request).await.ok()?;
+    ServingStatus::try_from(answer.into_inner().status).ok()
+}
+
+/// While it drains, the control plane's gRPC health (what a gateway checks
+/// on `--grpc-health-port`) says it takes no new work, and that it lives:
+/// a liveness probe that restarted it would cut its prefill short.
+#[tokio::test]
+async fn draining_it_says_it_is_not_ready_but_alive() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("skipped: the control plane's own behaviour; one pass is enough");
+        return;
+    }
+    let port = free_port();
+    let (mut stack, request) =
+        with_a_slow_prefill(vec!["--grpc-health-port".into(), port.to_string()]).await;
+    let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client = HealthClient::new(channel);
+    const NOT_ALIVE: [&str; 4] = [
+        "",
+        "readiness",
+        "inference-extension",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+    ];
+    for service in NOT_ALIVE {
+        assert_eq!(
+            status(&client, service).await,
+            Some(ServingStatus::Serving),
+            "{service:?} before the signal"
+        );
+    }
+    assert!(stack.signal_control_plane("TERM"));
+    let not_ready = wait_until(Duration::from_secs(1), || async {
+        status(&client, "readiness").await == Some(ServingStatus::NotServing)
+    })
+    .await;
+    assert!(not_ready, "still ready while draining");
+    for service in NOT_ALIVE {
+        assert_eq!(
+            status(&client, service).await,
+            Some(ServingStatus::NotServing),
+            "{service:?} while draining"
+        );
+    }
+    assert_eq!(
+        status(&client, "liveness").await,
+        Some(ServingStatus::Serving)
+    );
+    assert!(
+        !stack.control_plane_exits(Duration::ZERO).await,
+        "it exited before it was checked: the test shows nothing"
+    );
+    assert!(stack.signal_control_plane("TERM"));
     request.abort();
 }
