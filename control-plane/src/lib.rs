@@ -40,6 +40,7 @@ pub mod policy_flags;
 pub mod service;
 pub mod session;
 pub mod sessions;
+pub mod shared_ends;
 pub mod shared_loads;
 pub mod shared_tree;
 pub mod shutdown;

@@ -32,6 +32,7 @@ use sglang_envoy_control_plane::grpc_runtime::GrpcRuntime;
 use sglang_envoy_control_plane::kv_events::KvEvents;
 use sglang_envoy_control_plane::metrics::Metrics;
 use sglang_envoy_control_plane::sessions::Sessions;
+use sglang_envoy_control_plane::shared_ends::{shared_ends, EndsSync};
 use sglang_envoy_control_plane::shared_loads::SharedLoads;
 use sglang_envoy_control_plane::shared_tree::{shared_tree, TreeSync};
 use sglang_envoy_control_plane::store_link;
@@ -106,6 +107,9 @@ async fn main() -> anyhow::Result<()> {
             plane.engine.registry().clone(),
             plane.engine.metrics().clone(),
         ));
+    }
+    if let Some(sync) = plane.ends_sync.take() {
+        tokio::spawn(sync.run(plane.engine.clone()));
     }
     if let Some(sync) = plane.tree_sync.take() {
         tokio::spawn(sync.run(plane.engine.clone(), grpc_runtime.handle()));
@@ -184,6 +188,9 @@ struct ControlPlane {
     /// The requests in flight shared with other control planes (taken
     /// when its task starts).
     shared_loads: Option<SharedLoads>,
+    /// The ends of tickets another control plane counted, passed on
+    /// (taken when its task starts).
+    ends_sync: Option<EndsSync>,
 }
 
 impl ControlPlane {
@@ -278,11 +285,15 @@ impl ControlPlane {
             }
             _ => None,
         };
-        let shared_loads = match &store.fleet_store_url {
+        let (shared_loads, ends_sync) = match &store.fleet_store_url {
             Some(url) if !store.disable_shared_loads => {
-                Some(SharedLoads::new(url, prefix, &replica).context("--fleet-store-url")?)
+                let loads = SharedLoads::new(url, prefix, &replica).context("--fleet-store-url")?;
+                let (outbox, sync) =
+                    shared_ends(url, prefix, &replica).context("--fleet-store-url")?;
+                engine = engine.with_shared_ends(outbox);
+                (Some(loads), Some(sync))
             }
-            _ => None,
+            _ => (None, None),
         };
         if store.fleet_store_url.is_some() {
             // The store's keys of this replica end in its id.
@@ -318,6 +329,7 @@ impl ControlPlane {
             fleet_store,
             tree_sync,
             shared_loads,
+            ends_sync,
         })
     }
 

@@ -26,7 +26,8 @@ pub struct FleetStoreFlags {
     /// Route on each control plane's own requests in flight: by default,
     /// with a fleet store, each one's counts per worker (requests and
     /// their prefill work) are shared with the others every 50 ms, and
-    /// every load-aware policy weighs the sum.
+    /// every load-aware policy weighs the sum; an end reported to a control
+    /// plane that did not count its request is passed on to the others.
     #[arg(long)]
     pub disable_shared_loads: bool,
 }

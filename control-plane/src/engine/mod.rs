@@ -17,6 +17,7 @@ use crate::admission::{AdmissionOptions, Gate};
 use crate::metrics::Metrics;
 use crate::pd::{self, PrefillDispatcher, RidSource};
 use crate::retry::{self, RetryOptions};
+use crate::shared_ends::{EndTaker, EndsOutbox};
 use crate::shared_tree::{Learner, TreeOutbox};
 use crate::tickets::Tickets;
 use crate::workers::{
@@ -136,6 +137,9 @@ pub struct Engine {
     /// Where the trees' inserts go for the other control planes
     /// (`--fleet-store-url`); `None`: not shared.
     shared_tree: Option<TreeOutbox>,
+    /// Where ends of tickets not known here go for the other control
+    /// planes; `None`: not shared.
+    shared_ends: Option<EndsOutbox>,
 }
 
 impl Engine {
@@ -165,6 +169,7 @@ impl Engine {
             health: None,
             exact: None,
             shared_tree: None,
+            shared_ends: None,
         }
     }
 
@@ -172,6 +177,13 @@ impl Engine {
     /// policies' trees through `outbox`.
     pub fn with_shared_tree(mut self, outbox: TreeOutbox) -> Self {
         self.shared_tree = Some(outbox);
+        self
+    }
+
+    /// This engine, passing the ends of tickets it does not know to the
+    /// other control planes through `outbox`.
+    pub fn with_shared_ends(mut self, outbox: EndsOutbox) -> Self {
+        self.shared_ends = Some(outbox);
         self
     }
 
@@ -316,7 +328,7 @@ impl Engine {
         let failed = if c.outcome_only {
             self.record_outcome(c)
         } else {
-            self.complete(c)
+            self.complete(c, false)
         };
         if let Some(health) = &self.health {
             health.suspect_each(&failed);
@@ -351,12 +363,22 @@ impl Engine {
     }
 
     /// Releases a finished request's load. Returns the workers its attempts
-    /// failed on.
-    fn complete(&self, c: &Completion) -> Vec<Arc<Worker>> {
+    /// failed on. An end whose ticket is not known here goes on to the
+    /// other control planes (`shared_ends.rs`) unless it came from them
+    /// (`forwarded`).
+    fn complete(&self, c: &Completion, forwarded: bool) -> Vec<Arc<Worker>> {
         if let Some(gate) = &self.gate {
             gate.release(c.ticket);
         }
         let Some(mut counted) = self.tickets.close(c.ticket) else {
+            if let Some(ends) = self.shared_ends.as_ref().filter(|_| !forwarded) {
+                if c.ticket != 0 && !ends.forward(c) {
+                    tracing::debug!(
+                        ticket = c.ticket,
+                        "too many unknown ends to pass on: dropped"
+                    );
+                }
+            }
             return Vec::new();
         };
         let worker = counted.worker.clone();
@@ -499,6 +521,18 @@ impl Engine {
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         self.tickets.open_count()
+    }
+}
+
+impl EndTaker for Engine {
+    /// Released here if the ticket is ours, as if reported here; a ticket
+    /// not known here either leaves a tombstone, which cancels its decision
+    /// if that is still on its way.
+    fn take_forwarded(&self, end: &Completion) {
+        let failed = self.complete(end, true);
+        if let Some(health) = &self.health {
+            health.suspect_each(&failed);
+        }
     }
 }
 

@@ -260,12 +260,14 @@ async fn large_pd_questions_with_two_replicas_are_answered_and_end() {
 }
 
 /// Questions larger than `session_question_max_bytes` (0 here: every PD
-/// question with its body) still take calls, to either replica, and their
-/// prefill waits may reach the other: that one answers that it does not
-/// know the ticket, and the decode's own answer goes to the client, not a
-/// 503.
+/// question with its body) still take calls, to either replica, while
+/// their prefill waits and ends go on the session, to one. A prefill wait
+/// that reaches the other replica is answered that it does not know the
+/// ticket, and the decode's own answer goes to the client, not a 503. An
+/// end that reaches the other goes on to the one that counted it, through
+/// the store: no load stays counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prefill_wait_that_reaches_the_other_replica_fails_no_request() {
+async fn prefill_waits_and_ends_that_reach_the_other_replica_fail_nothing_and_leak_nothing() {
     if FrontDoor::current() != FrontDoor::Wasm {
         eprintln!("skipped: the filter's own calls");
         return;
@@ -279,4 +281,11 @@ async fn a_prefill_wait_that_reaches_the_other_replica_fails_no_request() {
     eprintln!("routed by each replica: {routed:?}; failed: {failed:?}");
     assert!(routed[1] > 0.0, "no question reached the second replica");
     assert!(failed.is_empty(), "{failed:?}");
+    for (name, stack) in [("first", &first), ("second", &second)] {
+        assert!(
+            loads_return_to_zero(stack).await,
+            "the {name} replica still counts load: {:?}",
+            stack.admin_loads().await
+        );
+    }
 }
