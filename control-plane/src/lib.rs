@@ -46,6 +46,7 @@ pub mod shared_tree;
 pub mod shutdown;
 pub mod startup;
 pub mod store_link;
+pub mod store_stream;
 pub mod trace;
 pub mod upkeep;
 pub mod workers;

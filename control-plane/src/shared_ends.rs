@@ -24,13 +24,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message as _;
-use redis::streams::{StreamMaxlen, StreamReadOptions, StreamReadReply};
-use redis::AsyncCommands as _;
 use sglang_envoy_proto::Completion;
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use crate::store_link::{timed, StoreError, StoreLink};
+use crate::store_link::StoreError;
+use crate::store_stream::StoreStream;
 
 /// Ends waiting to be written; more are dropped.
 pub const QUEUE: usize = 1024;
@@ -65,14 +64,10 @@ impl EndsOutbox {
 /// The task that writes this replica's unknown ends to the stream and
 /// takes the others'.
 pub struct EndsSync {
-    link: StoreLink,
-    key: String,
-    /// This process's mark on its own entries.
-    replica: String,
+    /// `{prefix}:ends`, read from its start: a replica that starts holds
+    /// no tickets, so old entries change nothing there.
+    stream: StoreStream,
     rx: mpsc::Receiver<Completion>,
-    /// The last entry read (`0`: from the stream's start; a replica that
-    /// starts holds no tickets, so old entries change nothing there).
-    last: String,
 }
 
 /// Both sides of the shared ends on the store at `url`, keys under
@@ -84,11 +79,8 @@ pub fn shared_ends(
 ) -> Result<(EndsOutbox, EndsSync), redis::RedisError> {
     let (tx, rx) = mpsc::channel(QUEUE);
     let sync = EndsSync {
-        link: StoreLink::new(redis::Client::open(url)?),
-        key: format!("{prefix}:ends"),
-        replica: replica.to_string(),
+        stream: StoreStream::new(url, format!("{prefix}:ends"), replica)?,
         rx,
-        last: "0".to_string(),
     };
     Ok((EndsOutbox { tx }, sync))
 }
@@ -105,7 +97,7 @@ impl EndsSync {
             let result = self.round(&batch, taker.as_ref()).await;
             // A failed round's ends are not kept: the reaper has them.
             batch.clear();
-            self.link.report(
+            self.stream.link.report(
                 &result,
                 "ends this replica does not know reach the others",
                 "such ends are released by the reaper",
@@ -120,35 +112,17 @@ impl EndsSync {
         batch: &[Completion],
         taker: &dyn EndTaker,
     ) -> Result<(), StoreError> {
-        let mut conn = self.link.conn().await?;
+        let mut conn = self.stream.conn().await?;
         if !batch.is_empty() {
-            let mut pipe = redis::pipe();
-            for end in batch {
-                let fields: [(&str, Vec<u8>); 2] = [
-                    ("r", self.replica.as_bytes().to_vec()),
-                    ("e", end.encode_to_vec()),
-                ];
-                pipe.xadd_maxlen(&self.key, StreamMaxlen::Approx(STREAM_LEN), "*", &fields)
-                    .ignore();
-            }
-            timed(pipe.query_async::<()>(&mut conn)).await?;
+            let encoded: Vec<Vec<u8>> = batch.iter().map(|end| end.encode_to_vec()).collect();
+            let entries = encoded.iter().map(|e| vec![("e", e.as_slice())]);
+            self.stream.append(&mut conn, entries, STREAM_LEN).await?;
             debug!(
                 ends = batch.len(),
                 "passed on ends of tickets not known here"
             );
         }
-        let options = StreamReadOptions::default().count(READ_COUNT);
-        let reply: Option<StreamReadReply> = timed(conn.xread_options(
-            std::slice::from_ref(&self.key),
-            std::slice::from_ref(&self.last),
-            &options,
-        ))
-        .await?;
-        for entry in reply.iter().flat_map(|r| &r.keys).flat_map(|k| &k.ids) {
-            self.last.clone_from(&entry.id);
-            if entry.get::<String>("r").as_deref() == Some(self.replica.as_str()) {
-                continue;
-            }
+        for entry in self.stream.read_others(&mut conn, READ_COUNT).await? {
             let Some(bytes) = entry.get::<Vec<u8>>("e") else {
                 continue;
             };

@@ -32,13 +32,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::streams::{StreamMaxlen, StreamReadOptions, StreamReadReply};
-use redis::AsyncCommands as _;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
-use crate::store_link::{timed, StoreError, StoreLink};
+use crate::store_link::StoreError;
+use crate::store_stream::StoreStream;
 
 /// Decisions waiting to be written; more are dropped.
 pub const QUEUE: usize = 1024;
@@ -96,14 +95,10 @@ impl TreeOutbox {
 /// The task that writes this replica's decisions to the stream and reads
 /// the others'.
 pub struct TreeSync {
-    link: StoreLink,
-    key: String,
-    /// This process's mark on its own entries
+    /// `{prefix}:tree`, this process's entries marked with its replica id
     /// ([`crate::store_link::draw_replica_id`]).
-    replica: String,
+    stream: StoreStream,
     rx: mpsc::Receiver<Insert>,
-    /// The last entry read (`0`: read from the stream's start).
-    last: String,
 }
 
 /// Both sides of the shared tree on the store at `url`, keys under
@@ -115,11 +110,8 @@ pub fn shared_tree(
 ) -> Result<(TreeOutbox, TreeSync), redis::RedisError> {
     let (tx, rx) = mpsc::channel(QUEUE);
     let sync = TreeSync {
-        link: StoreLink::new(redis::Client::open(url)?),
-        key: format!("{prefix}:tree"),
-        replica: replica.to_string(),
+        stream: StoreStream::new(url, format!("{prefix}:tree"), replica)?,
         rx,
-        last: "0".to_string(),
     };
     Ok((TreeOutbox { tx }, sync))
 }
@@ -161,7 +153,7 @@ impl TreeSync {
             // store is down the queue would only fill with stale ones.
             engine.metrics().shared_tree("dropped", batch.len() as u64);
             batch.clear();
-            self.link.report(
+            self.stream.link.report(
                 &result,
                 "the approximate trees are shared",
                 "each tree learns only this replica's choices",
@@ -179,36 +171,18 @@ impl TreeSync {
         engine: &Arc<dyn Learner>,
         apply_on: &Handle,
     ) -> Result<(), StoreError> {
-        let mut conn = self.link.conn().await?;
+        let mut conn = self.stream.conn().await?;
         let metrics = engine.metrics();
         if !batch.is_empty() {
-            let mut pipe = redis::pipe();
-            for insert in batch.iter() {
-                let fields: [(&str, &[u8]); 3] = [
-                    ("r", self.replica.as_bytes()),
-                    ("w", insert.unit.as_bytes()),
-                    ("t", &insert.text),
-                ];
-                pipe.xadd_maxlen(&self.key, StreamMaxlen::Approx(STREAM_LEN), "*", &fields)
-                    .ignore();
-            }
-            timed(pipe.query_async::<()>(&mut conn)).await?;
+            let entries = batch
+                .iter()
+                .map(|insert| vec![("w", insert.unit.as_bytes()), ("t", insert.text.as_slice())]);
+            self.stream.append(&mut conn, entries, STREAM_LEN).await?;
             metrics.shared_tree("sent", batch.len() as u64);
             batch.clear();
         }
-        let options = StreamReadOptions::default().count(READ_COUNT);
-        let reply: Option<StreamReadReply> = timed(conn.xread_options(
-            std::slice::from_ref(&self.key),
-            std::slice::from_ref(&self.last),
-            &options,
-        ))
-        .await?;
         let mut theirs = Vec::new();
-        for entry in reply.iter().flat_map(|r| &r.keys).flat_map(|k| &k.ids) {
-            self.last.clone_from(&entry.id);
-            if entry.get::<String>("r").as_deref() == Some(self.replica.as_str()) {
-                continue;
-            }
+        for entry in self.stream.read_others(&mut conn, READ_COUNT).await? {
             let (Some(unit), Some(mut text)) =
                 (entry.get::<String>("w"), entry.get::<Vec<u8>>("t"))
             else {

@@ -33,6 +33,18 @@ pub use tls::{envoy_tls_env, WorkerTls};
 
 use std::time::Duration;
 
+/// Whether the Envoy whose admin interface is `envoy_admin` sends to the
+/// control plane on gRPC port `port` (not ejected by outlier detection).
+pub async fn in_rotation(envoy_admin: &str, port: u16) -> bool {
+    let Ok(r) = reqwest::get(format!("{envoy_admin}/clusters")).await else {
+        return false;
+    };
+    let entry = format!("sglang_control_plane::127.0.0.1:{port}::health_flags::");
+    r.text()
+        .await
+        .is_ok_and(|t| t.lines().any(|l| l.strip_prefix(&entry) == Some("healthy")))
+}
+
 /// The repository's root directory.
 pub fn repo_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use sglang_envoy_e2e::{free_port, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions};
+use sglang_envoy_e2e::{
+    free_port, in_rotation, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions,
+};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -42,18 +44,6 @@ fn chat(i: usize) -> String {
         "max_tokens": 3,
     })
     .to_string()
-}
-
-/// Whether the Envoy whose admin interface is `envoy_admin` sends to the
-/// control plane on gRPC port `port` (not ejected by outlier detection).
-async fn in_rotation(envoy_admin: &str, port: u16) -> bool {
-    let Ok(r) = reqwest::get(format!("{envoy_admin}/clusters")).await else {
-        return false;
-    };
-    let entry = format!("sglang_control_plane::127.0.0.1:{port}::health_flags::");
-    r.text()
-        .await
-        .is_ok_and(|t| t.lines().any(|l| l.strip_prefix(&entry) == Some("healthy")))
 }
 
 /// The filter sessions open on `stack`'s control plane.

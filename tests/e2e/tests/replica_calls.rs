@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sglang_envoy_e2e::{free_port, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions};
+use sglang_envoy_e2e::{
+    free_port, in_rotation, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions,
+};
 use sglang_envoy_proto::router_server::{Router, RouterServer};
 use sglang_envoy_proto::{
     AdmissionOutcome, AdmissionWait, CompleteRequest, CompleteResponse, PrefillOutcome,
@@ -186,15 +188,11 @@ async fn two_replicas(tag: &str, filter_options: &str) -> Option<(redis::Store, 
     second.wait_fleet_of(&first).await;
     // The second replica was not up when the Envoy started: it is taken
     // back once its ejection ends.
-    let entry = format!("sglang_control_plane::127.0.0.1:{second_port}::health_flags::healthy");
-    let in_rotation = wait_until(Duration::from_secs(20), || async {
-        match reqwest::get(format!("{}/clusters", first.envoy_admin)).await {
-            Ok(r) => r.text().await.is_ok_and(|t| t.lines().any(|l| l == entry)),
-            Err(_) => false,
-        }
+    let taken_back = wait_until(Duration::from_secs(20), || {
+        in_rotation(&first.envoy_admin, second_port)
     })
     .await;
-    assert!(in_rotation, "Envoy never sent to the second replica");
+    assert!(taken_back, "Envoy never sent to the second replica");
     Some((store, first, second))
 }
 
