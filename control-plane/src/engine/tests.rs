@@ -291,7 +291,10 @@ async fn manual_policy_keeps_a_key_on_its_prefill_and_decode_pair() {
         std::collections::HashSet::new(),
         std::collections::HashSet::new(),
     );
-    for k in 0..12 {
+    // New keys go to a random pair: with 12 keys, all of them landed on
+    // one of the two prefills once in about 2000 runs (it failed a CI run);
+    // with 40, once in about 5e11.
+    for k in 0..40 {
         let key = format!("s{k}");
         let first = decision(route(&e, keyed(&key, 100 + k, body)));
         let prefill_port = |d: &Decision| {
@@ -312,8 +315,8 @@ async fn manual_policy_keeps_a_key_on_its_prefill_and_decode_pair() {
         prefills.insert(prefill_port(&first));
         decodes.insert(first.worker_url);
     }
-    assert!(decodes.len() >= 2, "12 keys on one decode worker");
-    assert_eq!(prefills.len(), 2, "12 keys on one prefill worker");
+    assert!(decodes.len() >= 2, "40 keys on one decode worker");
+    assert_eq!(prefills.len(), 2, "40 keys on one prefill worker");
 }
 
 pub(crate) fn pd_engine() -> Engine {
