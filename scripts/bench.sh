@@ -8,7 +8,7 @@
 # of scripts/test.sh: a full run takes about 90 minutes on 2 cores (the
 # routing-quality matrix is most of it; --scenarios overhead alone, ~10).
 # The replicas scenario (1, 2 and 3 control planes behind one Envoy, issue
-# 28) runs only when named: ~10 minutes (--quick ~2), no peer needed, and
+# 28) runs only when named: ~35 minutes (5 seeds; --quick ~2), no peer needed, and
 # a full run keeps the section an earlier --update put in the document.
 #
 #   scripts/bench.sh                      # everything, writes docs/benchmarks.md

@@ -29,7 +29,7 @@ enum Scenario {
     /// 3: the decision engine (results read from files).
     Engine,
     /// Several control planes behind one Envoy (issue 28); not in the
-    /// default list: it takes about 10 minutes and answers another
+    /// default list: it takes about 35 minutes and answers another
     /// question than the comparison with the peers.
     Replicas,
 }

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::envoy;
 use crate::loadgen;
-use crate::params::{Contender, Profile, QUALITY_OURS, QUALITY_SEEDS};
+use crate::params::{Contender, Profile, QUALITY_OURS, REPLICAS_SEEDS};
 use crate::procs::{free_port, start_control_plane, wait_ok, Paths, Proc};
 use crate::prom::{self, Histogram};
 use crate::quality::{summarise, QualityRow, Workers};
@@ -245,7 +245,7 @@ pub async fn run(
             setups.push(*s);
         }
     }
-    let seeds = &QUALITY_SEEDS[..rp.seeds.clamp(1, QUALITY_SEEDS.len())];
+    let seeds = &REPLICAS_SEEDS[..rp.seeds.clamp(1, REPLICAS_SEEDS.len())];
     let wanted = |s: &Shape| {
         rp.shapes.contains(&s.name)
             && (only.is_empty() || only.iter().any(|o| s.name.contains(o.as_str())))

@@ -31,6 +31,9 @@ pub(super) struct Agg {
     pub hit: f64,
     /// Every run's control planes together.
     pub decisions: Histogram,
+    /// Each run's decision p99 (all its control planes together), in the
+    /// order the seeds ran.
+    pub p99_seeds: Vec<Option<f64>>,
     /// Decisions of the first, second... control plane, summed over runs.
     pub per_replica: Vec<u64>,
     /// Each run's filter VM sessions per control plane, `2/1/1`.
@@ -67,6 +70,7 @@ pub(super) fn aggregate(runs: &[ReplicaRun], shape: &str) -> Vec<Agg> {
                 p95: mean(|r| r.row.ttft_ms.p95),
                 hit: mean(|r| r.row.cache_hit_ratio),
                 decisions: Histogram::merge(rs.iter().map(|r| &r.decisions)),
+                p99_seeds: rs.iter().map(|r| r.decisions.quantile(0.99)).collect(),
                 per_replica: (0..width)
                     .map(|i| rs.iter().filter_map(|r| r.per_replica.get(i)).sum())
                     .collect(),
@@ -80,6 +84,19 @@ pub(super) fn aggregate(runs: &[ReplicaRun], shape: &str) -> Vec<Agg> {
             })
         })
         .collect()
+}
+
+impl Agg {
+    /// The decision p99 the goal is judged on: the median seed's (of an
+    /// even number, the slower of the middle two). A seed's p99 rests on
+    /// its few slowest decisions, so one hiccup of a shared machine moves
+    /// it by half (the pooled p99, [`Agg::decisions`], with it); the
+    /// median seed's it does not move.
+    pub fn p99(&self) -> Option<f64> {
+        let mut seeds: Vec<f64> = self.p99_seeds.iter().flatten().copied().collect();
+        seeds.sort_by(f64::total_cmp);
+        seeds.get(seeds.len() / 2).copied()
+    }
 }
 
 /// `a / b` as `0.97x`, empty when either is missing or `b` is 0.
@@ -110,7 +127,7 @@ pub(super) fn goals(shape: &str, aggs: &[Agg]) -> Vec<Goal> {
     let shared = SETUPS
         .iter()
         .filter(|s| s.fleet_store && s.unshared.is_none());
-    let one_p99 = one.decisions.quantile(0.99);
+    let one_p99 = one.p99();
     let mut out = Vec::new();
     for s in shared {
         let Some(a) = aggs.iter().find(|a| a.setup == s.label) else {
@@ -124,8 +141,7 @@ pub(super) fn goals(shape: &str, aggs: &[Agg]) -> Vec<Goal> {
             measured: format!("{:.3} vs {:.3} = {hit:.2}x", a.hit, one.hit),
             pass: (one.hit > 0.0).then_some(hit >= HIT_GOAL),
         });
-        let p99 = a.decisions.quantile(0.99);
-        let (measured, pass) = match (p99, one_p99) {
+        let (measured, pass) = match (a.p99(), one_p99) {
             (Some(x), Some(o)) if o > 0.0 => (
                 format!("{} vs {} us = {:.2}x", us(Some(x)), us(Some(o)), x / o),
                 Some(x / o <= P99_GOAL),
@@ -135,7 +151,7 @@ pub(super) fn goals(shape: &str, aggs: &[Agg]) -> Vec<Goal> {
         out.push(Goal {
             shape: shape.into(),
             setup: a.setup.clone(),
-            goal: format!("decision p99 <= {P99_GOAL:.2}x one replica's"),
+            goal: format!("decision p99 (median seed's) <= {P99_GOAL:.2}x one replica's"),
             measured,
             pass,
         });
@@ -166,9 +182,9 @@ pub(super) fn sharing_alone(aggs: &[Agg]) -> Vec<String> {
                 unshared.label,
                 us(q(with, 0.5)),
                 us(q(without, 0.5)),
-                us(q(with, 0.99)),
-                us(q(without, 0.99)),
-                ratio(q(with, 0.99), q(without, 0.99)),
+                us(with.p99()),
+                us(without.p99()),
+                ratio(with.p99(), without.p99()),
                 with.hit,
                 without.hit,
                 with.p50,
@@ -234,7 +250,13 @@ pub fn render(w: &mut String, results: &ReplicasResults, profile: &Profile, info
          planes' `sgl_router_decision_duration_seconds` read from each one's \
          `/metrics` at the end of every run, all of a setup's summed bucket \
          by bucket, its quantiles interpolated inside a bucket (as PromQL's \
-         `histogram_quantile`); `decisions per replica` is each control \
+         `histogram_quantile`). `decision p99` is the median seed's \
+         (of an even number, the slower middle one), each seed's p99 taken \
+         over all its control planes' decisions (`p99 per seed`, in the \
+         order the seeds ran) and `pooled` over every seed's: a seed's p99 \
+         rests on its few slowest decisions, so one hiccup of the machine \
+         moves it, and the pooled one with it, by half; the goal is judged \
+         on the median seed's. `decisions per replica` is each control \
          plane's `_count`, summed over the seeds (in the cluster's order). \
          Ratios are to `1 replica` on the same shape.\n",
         rp.shapes
@@ -264,16 +286,17 @@ pub fn render(w: &mut String, results: &ReplicasResults, profile: &Profile, info
         let _ = writeln!(w, "### {shape}\n");
         let _ = writeln!(
             w,
-            "| setup | requests | failed | TTFT p50 ms | TTFT p95 ms | hit ratio | decision p50 us | decision p99 us | decisions per replica | VM sessions per replica | hit vs 1 | decision p99 vs 1 | TTFT p95 vs 1 |\n\
-             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"
+            "| setup | requests | failed | TTFT p50 ms | TTFT p95 ms | hit ratio | decision p50 us | decision p99 us | p99 per seed us | p99 pooled us | decisions per replica | VM sessions per replica | hit vs 1 | decision p99 vs 1 | TTFT p95 vs 1 |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- | ---: | ---: | ---: |"
         );
         let one = aggs.first().filter(|a| a.setup == SETUPS[0].label);
         for a in &aggs {
-            let p99 = a.decisions.quantile(0.99);
+            let p99 = a.p99();
             let per: Vec<String> = a.per_replica.iter().map(u64::to_string).collect();
+            let seeds: Vec<String> = a.p99_seeds.iter().map(|p| us(*p)).collect();
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 a.setup,
                 a.requests,
                 a.failed,
@@ -282,10 +305,12 @@ pub fn render(w: &mut String, results: &ReplicasResults, profile: &Profile, info
                 a.hit,
                 us(a.decisions.quantile(0.5)),
                 us(p99),
+                seeds.join(", "),
+                us(a.decisions.quantile(0.99)),
                 per.join(" / "),
                 a.sessions.join(", "),
                 ratio(Some(a.hit), one.map(|o| o.hit)),
-                ratio(p99, one.and_then(|o| o.decisions.quantile(0.99))),
+                ratio(p99, one.and_then(Agg::p99)),
                 ratio(Some(a.p95), one.map(|o| o.p95)),
             );
         }
@@ -525,13 +550,40 @@ mod tests {
     }
 
     #[test]
+    fn the_p99_judged_is_the_median_seeds_not_the_pooled_one() {
+        let micro = 1e-6;
+        let fast = || hist(10.0 * micro, 20.0 * micro, 100.0);
+        let mut runs: Vec<ReplicaRun> = (1..=3)
+            .map(|seed| run("s", "1 replica", seed, 0.9, 600.0, &[100], fast()))
+            .collect();
+        // One seed of "2 replicas" hit a slow patch of the machine.
+        runs.push(run("s", "2 replicas", 1, 0.9, 600.0, &[50, 50], fast()));
+        let slow = hist(40.0 * micro, 80.0 * micro, 100.0);
+        runs.push(run("s", "2 replicas", 2, 0.9, 600.0, &[50, 50], slow));
+        runs.push(run("s", "2 replicas", 3, 0.9, 600.0, &[50, 50], fast()));
+        let aggs = aggregate(&runs, "s");
+        let two = &aggs[1];
+        assert_eq!(us(two.p99()), "19.9");
+        assert_eq!(us(two.decisions.quantile(0.99)), "78.8", "pooled");
+        let g = goals("s", &aggs);
+        let p99 = g.iter().find(|g| g.goal.starts_with("decision")).unwrap();
+        assert_eq!(
+            (p99.pass, p99.measured.as_str()),
+            (Some(true), "19.9 vs 19.9 us = 1.00x")
+        );
+        // Of two seeds, the slower one.
+        let aggs = aggregate(&runs[3..5], "s");
+        assert_eq!(us(aggs[0].p99()), "79.6");
+    }
+
+    #[test]
     fn renders_a_table_per_shape_and_the_goals() {
         let mut doc = String::new();
         render(&mut doc, &results(), &Profile::full(), &RunInfo::default());
         assert!(doc.starts_with(HEADING));
         assert!(doc.contains("### many groups") && doc.contains("### few hot"));
         assert!(doc.contains(
-            "| 2 replicas | 200 | 2 | 175 | 700 | 0.900 | 15.0 | 19.9 | 110 / 90 | 1/1, 1/1 | 0.99x | 1.00x | 1.00x |"
+            "| 2 replicas | 200 | 2 | 175 | 700 | 0.900 | 15.0 | 19.9 | 19.9, 19.9 | 19.9 | 110 / 90 | 1/1, 1/1 | 0.99x | 1.00x | 1.00x |"
         ), "{doc}");
         assert!(doc.contains("| many groups | 3 replicas | hit ratio >= 0.95x one replica's | 0.800 vs 0.910 = 0.88x | **FAIL** |"));
         assert!(
