@@ -222,6 +222,7 @@ impl RootContext for Root {
                 self.shared.budget = Budget::new(config.max_buffered_bytes);
                 self.shared.config = Rc::new(config);
                 self.set_tick_period(tick);
+                self.shared.session.set_tick(tick);
                 self.shared.local_fallbacks.define(LOCAL_FALLBACKS);
                 true
             }
@@ -337,6 +338,11 @@ impl Root {
         if self.in_flight.is_some() || self.shared.queue.is_empty() {
             return;
         }
+        // The ends wait for the stream's quick tries: they go once it is up
+        // or the tries are over (`Session::reopening`).
+        if self.shared.session.reopening() {
+            return;
+        }
         if !self.shared.reach_calls.allows(self.get_current_time()) {
             return;
         }
@@ -391,7 +397,7 @@ impl Root {
     }
     /// Asks for the list of healthy workers every `workers_refresh_ms`.
     fn refresh_workers(&mut self) {
-        if self.workers_call.is_some() {
+        if self.workers_call.is_some() || self.shared.session.reopening() {
             return;
         }
         let now = self.get_current_time();
