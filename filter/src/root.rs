@@ -222,7 +222,6 @@ impl RootContext for Root {
                 self.shared.budget = Budget::new(config.max_buffered_bytes);
                 self.shared.config = Rc::new(config);
                 self.set_tick_period(tick);
-                self.shared.session.set_tick(tick);
                 self.shared.local_fallbacks.define(LOCAL_FALLBACKS);
                 true
             }
@@ -338,9 +337,6 @@ impl Root {
         if self.in_flight.is_some() || self.shared.queue.is_empty() {
             return;
         }
-        if self.holds_calls() {
-            return;
-        }
         if !self.shared.reach_calls.allows(self.get_current_time()) {
             return;
         }
@@ -393,18 +389,9 @@ impl Root {
             error!("cannot act as the root context again: {e:?}");
         }
     }
-    /// True while the root's own calls wait for the session's quick tries
-    /// (`Session::reopening`): the ends and the worker list go once it is
-    /// up or the tries are over. Not while the session's gate is closed: an
-    /// opening that hangs (its questions ran past their deadline) must not
-    /// hold the ends back from the replicas that answer calls.
-    fn holds_calls(&self) -> bool {
-        self.shared.session.reopening() && !self.shared.reach_session.is_refused()
-    }
-
     /// Asks for the list of healthy workers every `workers_refresh_ms`.
     fn refresh_workers(&mut self) {
-        if self.workers_call.is_some() || self.holds_calls() {
+        if self.workers_call.is_some() {
             return;
         }
         let now = self.get_current_time();
