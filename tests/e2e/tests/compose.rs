@@ -437,12 +437,15 @@ fn routed_by_second(compose: &Compose) -> f64 {
     requests_routed(&compose.admin_in("control-plane-2", false, "/metrics"))
 }
 
-/// `n` chats through Envoy, one after another: how many were not answered 200.
-async fn failed_chats(n: usize) -> usize {
-    let mut failed = 0;
-    for _ in 0..n {
-        if chat(false).await.is_none_or(|(status, _)| status != 200) {
-            failed += 1;
+/// `n` chats through Envoy, one after another: what those not answered
+/// 200 got.
+async fn failed_chats(n: usize) -> Vec<String> {
+    let mut failed = Vec::new();
+    for i in 0..n {
+        match chat(false).await {
+            Some((200, _)) => {}
+            Some((status, body)) => failed.push(format!("request {i}: {status} {body}")),
+            None => failed.push(format!("request {i}: no answer")),
         }
     }
     failed
@@ -510,7 +513,12 @@ async fn profile_ha_shares_the_workers_and_outlives_a_control_plane_and_redis() 
     // control-plane stopped: Envoy's streams move to control-plane-2.
     let before = routed_by_second(&compose);
     compose.run(&["stop", "control-plane"]);
-    assert_eq!(failed_chats(30).await, 0, "with control-plane stopped");
+    let failed = failed_chats(30).await;
+    assert!(
+        failed.is_empty(),
+        "with control-plane stopped: {failed:?}\n{}",
+        compose.log()
+    );
     let routed = routed_by_second(&compose) - before;
     assert!(
         routed >= 30.0,
@@ -521,7 +529,12 @@ async fn profile_ha_shares_the_workers_and_outlives_a_control_plane_and_redis() 
 
     // Redis stopped as well: the control plane left routes on what it has.
     compose.run(&["stop", "redis"]);
-    assert_eq!(failed_chats(20).await, 0, "with Redis stopped too");
+    let failed = failed_chats(20).await;
+    assert!(
+        failed.is_empty(),
+        "with Redis stopped too: {failed:?}\n{}",
+        compose.log()
+    );
 
     // Both back: control-plane lists the workers again.
     compose.run(&["start", "redis"]);
@@ -534,7 +547,12 @@ async fn profile_ha_shares_the_workers_and_outlives_a_control_plane_and_redis() 
         "control-plane came back without the workers: {:?}",
         healthy_sorted().await
     );
-    assert_eq!(failed_chats(20).await, 0, "with both back");
+    let failed = failed_chats(20).await;
+    assert!(
+        failed.is_empty(),
+        "with both back: {failed:?}\n{}",
+        compose.log()
+    );
     down_leaves_nothing(compose);
 }
 
