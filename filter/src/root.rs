@@ -222,6 +222,7 @@ impl RootContext for Root {
                 self.shared.budget = Budget::new(config.max_buffered_bytes);
                 self.shared.config = Rc::new(config);
                 self.set_tick_period(tick);
+                self.shared.session.set_tick(tick);
                 self.shared.local_fallbacks.define(LOCAL_FALLBACKS);
                 true
             }
@@ -282,6 +283,17 @@ impl Root {
     /// Opens the session stream when there is none and the backoff allows.
     fn keep_session(&mut self) {
         let now = self.get_current_time();
+        if let Some(token) = self.shared.session.overdue_opening(now) {
+            // Its replica does not answer (its address gone, or hung): give
+            // it up now, not at its questions' deadline, and try the next.
+            // Cancelled, Envoy calls nothing back for it.
+            if let Err(status) = hostcalls::cancel_grpc_stream(token) {
+                warn!("cannot cancel an unanswered control plane session: {status:?}");
+            }
+            for (context, wait) in self.shared.session.closed(token, now) {
+                self.act_for(context, |r| r.wait_over(wait));
+            }
+        }
         if !self.serving.get() || !self.shared.session.due(now) {
             return;
         }
@@ -291,7 +303,7 @@ impl Root {
             "Session",
             vec![],
         ) {
-            Ok(token) => self.shared.session.opened(token),
+            Ok(token) => self.shared.session.opened(token, now),
             Err(status) => {
                 warn!("cannot open the control plane session: {status:?}");
                 for (context, wait) in self.shared.session.open_failed(now) {
@@ -335,6 +347,9 @@ impl Root {
     /// Sends the queued completions (one batch in flight at a time).
     fn report(&mut self) {
         if self.in_flight.is_some() || self.shared.queue.is_empty() {
+            return;
+        }
+        if self.holds_calls() {
             return;
         }
         if !self.shared.reach_calls.allows(self.get_current_time()) {
@@ -389,9 +404,20 @@ impl Root {
             error!("cannot act as the root context again: {e:?}");
         }
     }
+
+    /// True while the root's own calls wait for the VM's first stream
+    /// (`Session::first_tries`): the ends and the worker list go once it
+    /// is up or the tries are over. Not while the session's gate is
+    /// closed: an opening that hangs (its questions ran past their
+    /// deadline) must not hold the calls back from the replicas that
+    /// answer them.
+    fn holds_calls(&self) -> bool {
+        self.shared.session.first_tries() && !self.shared.reach_session.is_refused()
+    }
+
     /// Asks for the list of healthy workers every `workers_refresh_ms`.
     fn refresh_workers(&mut self) {
-        if self.workers_call.is_some() {
+        if self.workers_call.is_some() || self.holds_calls() {
             return;
         }
         let now = self.get_current_time();

@@ -40,23 +40,10 @@ use sglang_envoy_proto::session_up::Kind;
 use sglang_envoy_proto::{Completion, SessionUp};
 
 use crate::deadlines::Deadlines;
+use link::Link;
 
-/// First wait before reopening a broken stream; doubled on each failure.
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest wait before reopening.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// A stream that was up and broke is reopened on the root's next tick, up
-/// to this many times in a row while each try fails, before the backoff
-/// starts; questions wait for these tries. A try may reach the dead
-/// replica again: Envoy ejects it on the first refused connection, but
-/// each worker thread learns that a moment later, and the cluster's round
-/// robin may pick it once more in between (measured: with 3 replicas, 1
-/// kill in 8 saw two tries in a row refused).
-const QUICK_TRIES: u8 = 3;
-/// A stream up at least this long had worked when it breaks: its next one
-/// is opened at once. One that breaks sooner (a control plane that answers
-/// and then drops every session) keeps backing off.
-const STEADY: Duration = Duration::from_secs(1);
+mod link;
+
 /// The default of `session_question_max_bytes`. Larger questions take a
 /// call of their own rather than hold up every other request's question
 /// behind them on the one stream. A question with
@@ -69,37 +56,6 @@ const STEADY: Duration = Duration::from_secs(1);
 pub const DEFAULT_QUESTION_MAX_BYTES: usize = 4 << 20;
 /// Ends kept for the next message at most; one more sends them at once.
 const MAX_RIDING_ENDS: usize = 64;
-
-/// The state of the VM's stream to the control plane.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Link {
-    /// No stream. The next attempt is due at `retry_at`. With `quick`
-    /// above 0, a stream that worked just broke and the next is due at
-    /// once (the root's next tick), one of the [`QUICK_TRIES`]: questions
-    /// wait for it rather than take calls of their own. `quick` counts
-    /// that try and the ones left after it.
-    Down {
-        retry_at: SystemTime,
-        backoff: Duration,
-        quick: u8,
-    },
-    /// Opened; the control plane has not answered its opening yet:
-    /// questions wait for it. `quick`: as the `Down` it came from.
-    Opening {
-        token: u32,
-        backoff: Duration,
-        quick: u8,
-    },
-    /// The control plane answered (at `since`): questions and ends go on
-    /// it. `backoff` is the opening's, for a stream that breaks too soon.
-    /// `ends_ride`: its control plane takes ends with the next message.
-    Up {
-        token: u32,
-        since: SystemTime,
-        backoff: Duration,
-        ends_ride: bool,
-    },
-}
 
 /// What a request waits for on the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -178,16 +134,22 @@ impl Session {
         Session(Rc::new(RefCell::new(Inner {
             root,
             send,
-            link: Link::Down {
-                retry_at: SystemTime::UNIX_EPOCH,
-                backoff: FIRST_BACKOFF,
-                quick: 0,
-            },
+            link: Link::first(true),
             waiting: Deadlines::default(),
             riding: Vec::new(),
             riding_count: 0,
             unsent: Vec::new(),
         })))
+    }
+
+    /// The root ticks every `tick`: a VM's first questions wait for its
+    /// first stream (opened on the next tick) only when that is at most
+    /// [`link::FIRST_WAIT_MAX_TICK`] away; otherwise they take calls.
+    pub fn set_tick(&self, tick: Duration) {
+        let mut inner = self.0.borrow_mut();
+        if let Link::First { opening: None, .. } = inner.link {
+            inner.link = Link::first(tick <= link::FIRST_WAIT_MAX_TICK);
+        }
     }
 
     /// True when questions can go on the stream.
@@ -198,12 +160,7 @@ impl Session {
     /// True when a question asked at `now` goes on the stream: it is up,
     /// opening, or about to be reopened (the question waits for it).
     pub fn takes_questions(&self, now: SystemTime) -> bool {
-        match self.0.borrow().link {
-            Link::Down {
-                retry_at, quick, ..
-            } => quick > 0 && retry_at <= now,
-            Link::Opening { .. } | Link::Up { .. } => true,
-        }
+        self.0.borrow().link.takes_questions(now)
     }
 
     /// Sends the question of `context` about `ticket`, to be answered
@@ -385,23 +342,30 @@ impl Session {
 
     // What the root context does.
 
-    /// True when no stream is open and the next attempt is due at `now`.
-    pub fn due(&self, now: SystemTime) -> bool {
-        matches!(self.0.borrow().link, Link::Down { retry_at, .. } if retry_at <= now)
+    /// True while the VM's first stream is being tried, one quick try
+    /// after another, and its questions wait for it: the root makes no
+    /// call meanwhile, which would move Envoy's round robin between the
+    /// tries ([`Link::first_tries`]).
+    pub fn first_tries(&self) -> bool {
+        self.0.borrow().link.first_tries()
     }
 
-    /// The root opened the stream `token`.
-    pub fn opened(&self, token: u32) {
+    /// True when no stream is open and the next attempt is due at `now`.
+    pub fn due(&self, now: SystemTime) -> bool {
+        self.0.borrow().link.due(now)
+    }
+
+    /// The root opened the stream `token` at `now`.
+    pub fn opened(&self, token: u32, now: SystemTime) {
         let mut inner = self.0.borrow_mut();
-        let (backoff, quick) = match inner.link {
-            Link::Down { backoff, quick, .. } => (backoff, quick),
-            _ => (FIRST_BACKOFF, 0),
-        };
-        inner.link = Link::Opening {
-            token,
-            backoff,
-            quick,
-        };
+        inner.link = inner.link.opened(token, now);
+    }
+
+    /// The stream whose opening went unanswered too long by `now`
+    /// ([`link::OPENING_PATIENCE`]): the root cancels it and gives it up
+    /// ([`Self::closed`]), and the next try opens.
+    pub fn overdue_opening(&self, now: SystemTime) -> Option<u32> {
+        self.0.borrow().link.overdue(now)
     }
 
     /// Opening the stream failed at once: try again after the backoff.
@@ -423,19 +387,7 @@ impl Session {
     /// `ends_ride`: its control plane takes ends with the next message.
     pub fn confirmed(&self, token: u32, now: SystemTime, ends_ride: bool) {
         let mut inner = self.0.borrow_mut();
-        if let Link::Opening {
-            token: t, backoff, ..
-        } = inner.link
-        {
-            if t == token {
-                inner.link = Link::Up {
-                    token,
-                    since: now,
-                    backoff,
-                    ends_ride,
-                };
-            }
-        }
+        inner.link = inner.link.confirmed(token, now, ends_ride);
     }
 
     /// Sends the questions waiting for a stream, when one is up, through
@@ -466,10 +418,7 @@ impl Session {
 
     /// True when `token` is the current stream.
     pub fn owns(&self, token: u32) -> bool {
-        match self.0.borrow().link {
-            Link::Opening { token: t, .. } | Link::Up { token: t, .. } => t == token,
-            Link::Down { .. } => false,
-        }
+        self.0.borrow().link.owns(token)
     }
 
     /// `wait` about `ticket` is over (its message arrived on the stream):
@@ -505,33 +454,9 @@ impl Session {
         if let Ok(up) = SessionUp::decode(riding.as_slice()) {
             inner.unsent.extend(up.ends);
         }
-        inner.link = match inner.link {
-            // It had worked: its replica may be gone, another may be up.
-            Link::Up { since, .. } if now >= since + STEADY => Link::Down {
-                retry_at: now,
-                backoff: Duration::ZERO,
-                quick: QUICK_TRIES,
-            },
-            // A quick try reached no control plane: the next one at once,
-            // while there are tries left.
-            Link::Opening { quick, .. } if quick > 1 => Link::Down {
-                retry_at: now,
-                backoff: Duration::ZERO,
-                quick: quick - 1,
-            },
-            Link::Up { backoff, .. }
-            | Link::Opening { backoff, .. }
-            | Link::Down { backoff, .. } => {
-                let wait = backoff.max(FIRST_BACKOFF);
-                Link::Down {
-                    retry_at: now + wait,
-                    backoff: next_backoff(wait),
-                    quick: 0,
-                }
-            }
-        };
+        inner.link = inner.link.broke(now);
         // Questions wait only for the quick tries, which are due now.
-        let retry_now = matches!(inner.link, Link::Down { quick, .. } if quick > 0);
+        let retry_now = inner.link.retries_now();
         let mut over = Vec::new();
         for ((ticket, wait), waiter) in inner.waiting.iter_mut() {
             match &mut waiter.resend {
@@ -562,11 +487,6 @@ impl Session {
     pub fn waiting(&self) -> usize {
         self.0.borrow().waiting.len()
     }
-}
-
-/// The wait after a try that waited `wait` failed: doubled up to the cap.
-fn next_backoff(wait: Duration) -> Duration {
-    (wait * 2).min(MAX_BACKOFF)
 }
 
 /// The host's [`Sender`].

@@ -1,5 +1,8 @@
 //! The session's state machine, driven without a host: streams opened,
 //! confirmed, broken; questions asked, sent again, ended.
+use std::time::Duration;
+
+use super::link::MAX_BACKOFF;
 use super::*;
 
 impl Session {
@@ -18,7 +21,7 @@ fn at(ms: u64) -> SystemTime {
 
 /// Opens and confirms stream `token`, up since long before `at(0)`.
 fn up(s: &Session, token: u32) {
-    s.opened(token);
+    s.opened(token, at(0));
     s.confirmed(token, SystemTime::UNIX_EPOCH, false);
 }
 
@@ -61,7 +64,7 @@ fn wait_for(s: &Session, ticket: u64, kind: Wait, context: u32, deadline: System
 fn questions_wait_only_on_a_confirmed_stream() {
     let s = Session::fake(1);
     assert!(s.due(at(0)));
-    s.opened(7);
+    s.opened(7, at(0));
     assert!(!s.is_up() && !s.due(at(0)));
     s.confirmed(8, at(0), false); // another stream's answer
     assert!(!s.is_up());
@@ -126,20 +129,20 @@ fn a_broken_stream_ends_the_waits_it_held_and_is_reopened_at_once() {
     assert!(s.due(at(10)), "a stream that was up is reopened at once");
     // That try may reach the dead replica: QUICK_TRIES in all at once,
     // then the backoff, doubling up to the cap.
-    s.opened(8);
+    s.opened(8, at(0));
     s.closed(8, at(20));
     assert!(s.due(at(20)));
-    s.opened(9);
+    s.opened(9, at(0));
     s.closed(9, at(30));
     assert!(s.due(at(30)));
-    s.opened(10);
+    s.opened(10, at(0));
     s.closed(10, at(40));
     assert!(!s.due(at(40 + 99)) && s.due(at(40 + 100)));
-    s.opened(11);
+    s.opened(11, at(0));
     s.closed(11, at(200));
     assert!(!s.due(at(200 + 199)) && s.due(at(200 + 200)));
     for t in 12..30 {
-        s.opened(t);
+        s.opened(t, at(0));
         s.closed(t, at(10_000));
     }
     assert!(!s.due(at(10_000) + MAX_BACKOFF - Duration::from_millis(1)));
@@ -149,22 +152,66 @@ fn a_broken_stream_ends_the_waits_it_held_and_is_reopened_at_once() {
 #[test]
 fn a_stream_that_breaks_soon_after_coming_up_keeps_backing_off() {
     let s = Session::fake(1);
-    s.opened(7);
-    s.closed(7, at(0));
-    s.opened(8);
-    s.closed(8, at(100));
-    // The next is due at 100 + 200: it comes up, and breaks at once.
-    s.opened(9);
-    s.confirmed(9, at(300), false);
-    s.closed(9, at(310));
-    assert!(!s.due(at(310 + 399)), "not reopened at once");
-    assert!(s.due(at(310 + 400)));
+    // A VM's first stream: its quick tries all refused, then one after
+    // the first backoff.
+    for (token, ms) in [(4, 0), (5, 20), (6, 40)] {
+        s.opened(token, at(0));
+        assert!(s.closed(token, at(ms)).is_empty());
+    }
+    assert!(!s.due(at(40 + 99)) && s.due(at(40 + 100)));
+    s.opened(8, at(0));
+    s.closed(8, at(140));
+    // The next is due at 140 + 200: it comes up, and breaks at once.
+    s.opened(9, at(0));
+    s.confirmed(9, at(340), false);
+    s.closed(9, at(350));
+    assert!(!s.due(at(350 + 399)), "not reopened at once");
+    assert!(s.due(at(350 + 400)));
+}
+
+/// A VM's first stream may reach a replica that refuses it (draining):
+/// the questions that waited for it wait for the next try, at once, as
+/// when a stream that worked breaks, rather than fall back.
+#[test]
+fn a_first_stream_refused_keeps_its_questions_for_the_quick_tries() {
+    let s = Session::fake(1);
+    // A fresh VM's questions wait for its first stream, on the next tick;
+    // its root's calls (the worker list) go on until that opens.
+    assert!(s.due(at(0)) && s.takes_questions(at(0)) && !s.first_tries());
+    assert!(s.ask(10, 50, b"q50".to_vec(), at(0), at(500)));
+    s.opened(7, at(0));
+    assert!(s.first_tries(), "opening: no call moves the round robin");
+    assert!(s.ask(11, 100, b"q100".to_vec(), at(0), at(500)));
+    assert!(s.closed(7, at(1)).is_empty(), "refused: it waits on");
+    assert!(s.due(at(1)) && s.takes_questions(at(1)) && s.first_tries());
+    assert!(s.ask(12, 200, b"q200".to_vec(), at(2), at(500)));
+    s.opened(8, at(0));
+    let mut sent = confirm(&s, 8);
+    sent.sort();
+    assert_eq!(sent, [b"q100".to_vec(), b"q200".to_vec(), b"q50".to_vec()]);
+    assert!(!s.first_tries(), "up: calls may go again");
+    // With a long tick (a test's setting), the first questions call.
+    let s = Session::fake(1);
+    s.set_tick(Duration::from_secs(60));
+    assert!(s.due(at(0)) && !s.takes_questions(at(0)) && !s.first_tries());
+    s.set_tick(Duration::from_millis(20));
+    assert!(s.takes_questions(at(0)));
+    // With every try refused, they fall back after the last one.
+    let s = Session::fake(1);
+    s.opened(7, at(0));
+    assert!(s.ask(11, 100, b"q100".to_vec(), at(0), at(500)));
+    assert!(s.closed(7, at(1)).is_empty());
+    s.opened(8, at(0));
+    assert!(s.closed(8, at(21)).is_empty());
+    s.opened(9, at(0));
+    assert_eq!(s.closed(9, at(41)), [(11, Wait::Answer)]);
+    assert!(!s.due(at(41 + 99)) && s.due(at(41 + 100)));
 }
 
 #[test]
 fn a_question_on_a_broken_stream_goes_once_more_on_the_next_one() {
     let s = Session::fake(1);
-    s.opened(7);
+    s.opened(7, at(0));
     assert!(s.takes_questions(at(0)) && !s.is_up());
     // Asked while the stream opens: sent when it is up.
     assert!(s.ask(11, 100, b"q100".to_vec(), at(0), at(500)));
@@ -172,10 +219,10 @@ fn a_question_on_a_broken_stream_goes_once_more_on_the_next_one() {
     // Its replica dies: the question waits for the next stream.
     assert!(s.closed(7, at(10)).is_empty());
     assert_eq!(s.waiting(), 1);
-    s.opened(8);
+    s.opened(8, at(0));
     // That one reached the dead replica too: still waiting.
     assert!(s.closed(8, at(11)).is_empty());
-    s.opened(9);
+    s.opened(9, at(0));
     assert_eq!(confirm(&s, 9), [b"q100".to_vec()], "sent again");
     assert_eq!(flush(&s, 9), Vec::<Vec<u8>>::new(), "only once");
     // A second break: it was sent twice, it is not kept a third time
@@ -189,20 +236,22 @@ fn questions_wait_for_the_quick_reopenings_only() {
     let s = Session::fake(1);
     up(&s, 7);
     s.closed(7, at(0));
+    // The root's calls go on: this VM has its worker list to fall back on.
+    assert!(!s.first_tries());
     // Due again: a question waits for the stream about to open.
     assert!(s.ask(11, 100, b"q100".to_vec(), at(5), at(500)));
-    s.opened(8);
+    s.opened(8, at(0));
     assert!(
         s.closed(8, at(10)).is_empty(),
         "the second quick try is left"
     );
     assert!(s.ask(12, 200, b"q200".to_vec(), at(15), at(500)));
-    s.opened(9);
+    s.opened(9, at(0));
     assert!(
         s.closed(9, at(20)).is_empty(),
         "the third quick try is left"
     );
-    s.opened(10);
+    s.opened(10, at(0));
     // Every quick try failed: every control plane may be down. The
     // questions fall back now, not at their deadline, and new ones
     // call until the stream is due again.
@@ -216,15 +265,12 @@ fn questions_wait_for_the_quick_reopenings_only() {
         !s.takes_questions(at(25 + 100)),
         "while every control plane may be down, questions call"
     );
-    // As in a fresh VM, whose first stream opens on its next tick
-    // (however far off that is).
-    assert!(!Session::fake(1).takes_questions(at(0)));
 }
 
 #[test]
 fn a_question_answered_or_expired_while_waiting_for_a_stream_is_not_sent() {
     let s = Session::fake(1);
-    s.opened(7);
+    s.opened(7, at(0));
     assert!(s.ask(11, 100, b"q100".to_vec(), at(0), at(50)));
     assert!(s.ask(12, 200, b"q200".to_vec(), at(0), at(500)));
     assert!(s.ask(13, 300, b"q300".to_vec(), at(0), at(500)));
@@ -236,7 +282,7 @@ fn a_question_answered_or_expired_while_waiting_for_a_stream_is_not_sent() {
     s.confirmed(7, SystemTime::UNIX_EPOCH, false);
     s.flush(|_, _| false);
     s.closed(7, at(70));
-    s.opened(8);
+    s.opened(8, at(0));
     assert_eq!(confirm(&s, 8), [b"q200".to_vec()]);
     assert_eq!(s.answered(200, Wait::Answer), Some(12));
 }
@@ -264,7 +310,7 @@ fn a_promised_prefill_outcome_is_waited_for_only_on_a_stream_that_is_up() {
     // the request must ask for it another way.
     assert!(!s.expect_prefill(11, 100, at(50)));
     assert_eq!(s.answered(100, Wait::Prefill), None);
-    s.opened(7);
+    s.opened(7, at(0));
     assert!(!s.expect_prefill(11, 100, at(50)), "opening, not up");
     s.confirmed(7, at(0), false);
     assert!(s.expect_prefill(11, 100, at(50)));
@@ -309,7 +355,7 @@ fn tickets(ends: &[Completion]) -> Vec<u64> {
 fn riding_session(ends_ride: bool) -> Session {
     sent();
     let s = Session::with_sender(1, recording);
-    s.opened(7);
+    s.opened(7, at(0));
     s.confirmed(7, at(0), ends_ride);
     s
 }
@@ -376,4 +422,28 @@ fn many_riding_ends_go_up_without_waiting_for_a_message() {
     assert_eq!(up.len(), 1);
     assert_eq!(up[0].ends.len(), MAX_RIDING_ENDS);
     assert_eq!(up[0].kind, None);
+}
+
+/// An opening no control plane answers (its address is gone: the connect
+/// hangs until Envoy's timeout) is given up after `OPENING_PATIENCE`, and
+/// the questions waiting on it wait for the next try instead of running
+/// into their deadline.
+#[test]
+fn an_unanswered_opening_is_given_up_and_the_next_try_goes() {
+    let s = Session::fake(1);
+    s.opened(7, at(0));
+    assert!(s.ask(11, 100, b"q100".to_vec(), at(0), at(500)));
+    assert_eq!(s.overdue_opening(at(199)), None, "still patient");
+    assert_eq!(s.overdue_opening(at(200)), Some(7));
+    assert!(s.closed(7, at(200)).is_empty(), "the question waits on");
+    assert!(s.due(at(200)));
+    s.opened(8, at(220));
+    assert_eq!(confirm(&s, 8), [b"q100".to_vec()]);
+    assert_eq!(s.overdue_opening(at(1000)), None, "up: nothing to give up");
+    // A stream that worked breaks; its replacement hangs as well.
+    s.closed(8, at(5000));
+    s.opened(9, at(5020));
+    assert_eq!(s.overdue_opening(at(5220)), Some(9));
+    assert!(s.closed(9, at(5220)).is_empty());
+    assert!(s.due(at(5220)), "the next quick try at once");
 }

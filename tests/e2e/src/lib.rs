@@ -9,6 +9,7 @@
 //! up as an InferencePool gateway sets up its endpoint picker
 //! ([`gateway::picker`]). `E2E_ENVOY_LOG` sets Envoy's log level (`warn`).
 
+mod burst;
 mod envoy_config;
 pub mod fake_kube;
 mod front_door;
@@ -22,6 +23,7 @@ mod stack;
 mod stack_options;
 mod tls;
 
+pub use burst::burst;
 pub use envoy_config::{EnvoyConfig, EnvoyEnv};
 pub use process::{free_port, Proc};
 pub use sim_worker::longest_body_received;

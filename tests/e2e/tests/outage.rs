@@ -22,13 +22,17 @@
 //!   (one per client) some may still be served or fail with the KV timeout,
 //!   3 at most in all. In both, PD requests are served again once the
 //!   control plane is back.
+//! - `vms_that_served_nothing_yet_fall_back_on_their_worker_list` (wasm
+//!   only): a VM polls the worker list from its start, not from its first
+//!   request; the control plane killed before the VMs' first requests,
+//!   none fails.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use sglang_envoy_e2e::{wait_until, FrontDoor, PdOptions, SimWorker, Stack, StackOptions};
+use sglang_envoy_e2e::{burst, wait_until, FrontDoor, PdOptions, SimWorker, Stack, StackOptions};
 
 /// Requests served during the 10 s outage, at least: 4 closed-loop clients
 /// each get a short answer every few ms on loopback; a fallback that
@@ -83,6 +87,51 @@ async fn healthy_workers(stack: &Stack) -> u64 {
     };
     let health: serde_json::Value = r.json().await.unwrap_or_default();
     health["healthy_workers"].as_u64().unwrap_or(0)
+}
+
+/// A VM opens its session with its first request, but polls the worker
+/// list from its start: one that has served nothing yet when the control
+/// plane dies routes on that list like the others. A change once held the
+/// poll back until a VM's first session was up, and a VM's first request
+/// after a control plane stopped got 503 (the compose HA test). 4 VMs,
+/// the readiness probe reaches one; 2 s later (two polls each) the control
+/// plane is killed and 16 clients send requests on new connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vms_that_served_nothing_yet_fall_back_on_their_worker_list() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("skipped: the wasm filter's own worker list");
+        return;
+    }
+    let mut stack = Stack::start(StackOptions {
+        workers: 2,
+        envoy_concurrency: 4,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stack.kill_control_plane();
+    let url = stack.url("/v1/chat/completions");
+    let failed = burst(&url, 16, Duration::from_millis(400), short_chat).await;
+    let fallbacks = stack.envoy_stat(LOCAL_FALLBACKS).await.unwrap_or(0);
+    assert!(
+        failed.is_empty(),
+        "{} failed, the first: {:?}\n{}",
+        failed.len(),
+        &failed[..failed.len().min(3)],
+        stack.envoy_log()
+    );
+    assert!(fallbacks >= 16, "{fallbacks} requests routed on the list");
+}
+
+/// A short chat request; `i` makes each client's prompt its own.
+fn short_chat(i: usize) -> String {
+    json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": format!("client {i} says hello")}],
+        "max_tokens": 4
+    })
+    .to_string()
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sglang_envoy_e2e::{
-    free_port, in_rotation, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions,
+    burst, free_port, in_rotation, redis, wait_until, FrontDoor, PdOptions, Stack, StackOptions,
 };
 use sglang_envoy_proto::router_server::{Router, RouterServer};
 use sglang_envoy_proto::{
@@ -26,10 +26,23 @@ use tonic::{Request, Response, Status, Streaming};
 /// The wasm filter's count of requests it routed itself, in Envoy's stats.
 const LOCAL_FALLBACKS: &str = "wasmcustom.sglang_router_local_fallbacks";
 
-/// A control plane replica that takes every call and refuses it with
-/// `UNAVAILABLE`, as a draining one does; it counts them by method.
+/// What a faulty control plane replica does with every call and stream.
+#[derive(Clone, Copy, Default)]
+enum Fault {
+    /// Refuses it with `UNAVAILABLE`, as a draining one does.
+    #[default]
+    Refuse,
+    /// Never answers it, as one whose address is gone (connects hang).
+    Hang,
+}
+
+/// A control plane replica that takes every call and stream of the
+/// filter's service and answers none (it counts them by method); other
+/// services (Envoy's EDS) are refused as unknown, so that Envoy fetches
+/// its endpoints from the live replica.
 #[derive(Clone, Default)]
 struct Refuser {
+    fault: Fault,
     calls: Arc<Mutex<HashMap<&'static str, u64>>>,
 }
 
@@ -47,8 +60,11 @@ impl Refuser {
         port
     }
 
-    fn refuse<T>(&self, method: &'static str) -> Result<T, Status> {
+    async fn refuse<T>(&self, method: &'static str) -> Result<T, Status> {
         *self.calls.lock().unwrap().entry(method).or_default() += 1;
+        if let Fault::Hang = self.fault {
+            std::future::pending::<()>().await;
+        }
         Err(Status::unavailable("draining"))
     }
 
@@ -64,34 +80,34 @@ impl Router for Refuser {
     type SessionStream = Answers;
 
     async fn route(&self, _: Request<RouteRequest>) -> Result<Response<RouteResponse>, Status> {
-        self.refuse("Route")
+        self.refuse("Route").await
     }
     async fn complete(
         &self,
         _: Request<CompleteRequest>,
     ) -> Result<Response<CompleteResponse>, Status> {
-        self.refuse("Complete")
+        self.refuse("Complete").await
     }
     async fn await_prefill(
         &self,
         _: Request<PrefillWait>,
     ) -> Result<Response<PrefillOutcome>, Status> {
-        self.refuse("AwaitPrefill")
+        self.refuse("AwaitPrefill").await
     }
     async fn workers(
         &self,
         _: Request<WorkersRequest>,
     ) -> Result<Response<WorkersSnapshot>, Status> {
-        self.refuse("Workers")
+        self.refuse("Workers").await
     }
     async fn await_admission(
         &self,
         _: Request<AdmissionWait>,
     ) -> Result<Response<AdmissionOutcome>, Status> {
-        self.refuse("AwaitAdmission")
+        self.refuse("AwaitAdmission").await
     }
     async fn session(&self, _: Request<Streaming<SessionUp>>) -> Result<Response<Answers>, Status> {
-        self.refuse("Session")
+        self.refuse("Session").await
     }
 }
 
@@ -133,9 +149,8 @@ async fn a_question_one_replica_refuses_is_answered_by_another() {
     .await
     .unwrap();
     // The VM's session up on the live control plane, and its worker list
-    // fetched. A session whose opening the refusing replica refuses while
-    // a question waits on it makes that question fall back (a defect left
-    // open: docs/failure-modes.md); this test is about the calls.
+    // fetched: this test is about the calls (a first session the refusing
+    // replica refuses is the next test's).
     assert!(
         stack
             .wait_worker_list_fetched(Duration::from_secs(20))
@@ -165,6 +180,98 @@ async fn a_question_one_replica_refuses_is_answered_by_another() {
     assert_eq!(
         fallbacks, 0,
         "requests routed by the filter on its own:\n{log}"
+    );
+}
+
+/// A VM's first session may open on a replica that refuses it (it is
+/// draining) while questions wait for it. They used to fall back at once,
+/// and a VM that had no worker list yet answered them 503 (93 requests in
+/// the first round of this test). Now they wait for the next try, on the
+/// next tick, as when a session that worked breaks; the VM's first
+/// questions wait for its first session rather than call (refused calls
+/// closed the calls' gate, and questions fell back behind it); and no
+/// call goes out between two tries (with one between every two, the
+/// thread's round robin sent all three tries to the refusing replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_waiting_on_a_first_session_a_replica_refuses_are_answered() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("skipped: the filter's own session");
+        return;
+    }
+    let refuser = Refuser::default();
+    // Rounds until it refused 4 first sessions opened during requests.
+    first_sessions_reaching(&refuser, 4).await;
+}
+
+/// A VM's session opening may reach a replica that never answers it (its
+/// container stopped and its address gone: the connect hangs until
+/// Envoy's 1 s timeout). The questions waiting on it used to run into
+/// their deadline (500 ms) and take the filter's own routing; the opening
+/// is now given up after 200 ms and the next try reaches a live replica,
+/// which answers them. The faulty replica takes the filter's calls and
+/// streams and never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_waiting_on_a_session_a_replica_never_answers_are_answered() {
+    if FrontDoor::current() != FrontDoor::Wasm {
+        eprintln!("skipped: the filter's own session");
+        return;
+    }
+    let hanger = Refuser {
+        fault: Fault::Hang,
+        ..Default::default()
+    };
+    first_sessions_reaching(&hanger, 1).await;
+}
+
+/// Rounds of: an Envoy of 4 fresh VMs (the readiness probe reaches one)
+/// beside a live control plane and `faulty`, and 16 clients sending
+/// requests on new connections for 400 ms, which the kernel spreads over
+/// its threads (each VM's first session goes to either replica, as its
+/// thread's round robin picks); at most 8, until `faulty` took `sessions`
+/// sessions opened during the requests. Asserts it did, and that every
+/// request was answered, routed by the live control plane.
+async fn first_sessions_reaching(faulty: &Refuser, sessions: u64) {
+    let port = faulty.start().await;
+    let mut failed = Vec::new();
+    let (mut fallbacks, mut rounds, mut reached) = (0, 0, 0);
+    let mut logs = String::new();
+    while reached < sessions && rounds < 8 {
+        rounds += 1;
+        let stack = Stack::start(StackOptions {
+            workers: 2,
+            more_control_planes: vec![port],
+            envoy_concurrency: 4,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let before = faulty.refused("Session");
+        let url = stack.url("/v1/chat/completions");
+        failed.extend(burst(&url, 16, Duration::from_millis(400), chat).await);
+        reached += faulty.refused("Session") - before;
+        let fell_back = stack.envoy_stat(LOCAL_FALLBACKS).await.unwrap_or(0);
+        if fell_back > 0 || !failed.is_empty() {
+            logs.push_str(&stack.envoy_log());
+        }
+        fallbacks += fell_back;
+    }
+    eprintln!(
+        "{rounds} rounds; the faulty replica took {reached} first sessions during requests, {} questions",
+        faulty.refused("Route")
+    );
+    assert!(
+        reached > 0,
+        "no VM's first session reached the faulty replica"
+    );
+    assert!(
+        failed.is_empty(),
+        "{} failed, the first: {:?}\n{logs}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    assert_eq!(
+        fallbacks, 0,
+        "requests routed by the filter on its own:\n{logs}"
     );
 }
 
