@@ -1,6 +1,6 @@
 use std::cell::Cell;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use log::{error, warn};
 use prost::Message;
@@ -203,9 +203,7 @@ impl Context for Root {
                 stranded.len()
             );
         }
-        for (context, wait) in stranded {
-            self.act_for(context, |r| r.wait_over(wait));
-        }
+        self.end_waits(stranded);
         // The next tick opens the next stream (due at once): not from
         // here, as Envoy may fail a new stream inside the call that opens
         // it, calling back into the SDK's dispatcher, which is in the
@@ -286,13 +284,7 @@ impl Root {
         if let Some(token) = self.shared.session.overdue_opening(now) {
             // Its replica does not answer (its address gone, or hung): give
             // it up now, not at its questions' deadline, and try the next.
-            // Cancelled, Envoy calls nothing back for it.
-            if let Err(status) = hostcalls::cancel_grpc_stream(token) {
-                warn!("cannot cancel an unanswered control plane session: {status:?}");
-            }
-            for (context, wait) in self.shared.session.closed(token, now) {
-                self.act_for(context, |r| r.wait_over(wait));
-            }
+            self.give_up_stream(token, now);
         }
         if !self.serving.get() || !self.shared.session.due(now) {
             return;
@@ -306,9 +298,8 @@ impl Root {
             Ok(token) => self.shared.session.opened(token, now),
             Err(status) => {
                 warn!("cannot open the control plane session: {status:?}");
-                for (context, wait) in self.shared.session.open_failed(now) {
-                    self.act_for(context, |r| r.wait_over(wait));
-                }
+                let waits = self.shared.session.open_failed(now);
+                self.end_waits(waits);
             }
         }
     }
@@ -319,7 +310,20 @@ impl Root {
             return;
         }
         let now = self.get_current_time();
-        for (context, wait) in self.shared.session.expired(now) {
+        let expired = self.shared.session.expired(now);
+        // A question went unanswered on a stream that is up: its replica
+        // froze (or its address vanished under an open connection). Give
+        // the stream up, as an unanswered opening is: the next one may
+        // reach another replica. Calls go to the same cluster, so their
+        // gate learns it too: until a replica answers, questions take one
+        // gate's probes (`reach.rs`), not both gates' in turn.
+        if expired.iter().any(|(_, wait)| *wait == Wait::Answer) {
+            if let Some(token) = self.shared.session.up_token() {
+                self.shared.reach_calls.timed_out(now);
+                self.give_up_stream(token, now);
+            }
+        }
+        for (context, wait) in expired {
             let reach = &self.shared.reach_session;
             let was_refused = reach.is_refused();
             if wait != Wait::Prefill {
@@ -329,6 +333,24 @@ impl Root {
             if !was_refused {
                 warn!("no answer on the control plane session in time for request {context}");
             }
+            self.act_for(context, |r| r.wait_over(wait));
+        }
+    }
+
+    /// Cancels stream `token`, which its control plane does not answer
+    /// (Envoy calls nothing back for a cancelled stream), and gives it up
+    /// at `now`: its questions wait for the next one or fall back.
+    fn give_up_stream(&mut self, token: u32, now: SystemTime) {
+        if let Err(status) = hostcalls::cancel_grpc_stream(token) {
+            warn!("cannot cancel an unanswering control plane session: {status:?}");
+        }
+        let waits = self.shared.session.closed(token, now);
+        self.end_waits(waits);
+    }
+
+    /// Each of these requests' waits on the session is over, unanswered.
+    fn end_waits(&self, waits: Vec<(u32, Wait)>) {
+        for (context, wait) in waits {
             self.act_for(context, |r| r.wait_over(wait));
         }
     }

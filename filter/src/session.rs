@@ -361,6 +361,14 @@ impl Session {
         inner.link = inner.link.opened(token, now);
     }
 
+    /// The stream that is up, if one is.
+    pub fn up_token(&self) -> Option<u32> {
+        match self.0.borrow().link {
+            Link::Up { token, .. } => Some(token),
+            _ => None,
+        }
+    }
+
     /// The stream whose opening went unanswered too long by `now`
     /// ([`link::OPENING_PATIENCE`]): the root cancels it and gives it up
     /// ([`Self::closed`]), and the next try opens.

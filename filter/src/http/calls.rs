@@ -1,14 +1,22 @@
 //! The calls a request has in flight to the control plane (and, in an
 //! outage, to a prefill worker), by what their answers are for.
 
+use std::time::SystemTime;
+
 use crate::contexts::CallOwners;
 
 /// A call in flight, by what its answer is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Call {
-    /// `Route`: the routing question, after this many refusals of it
-    /// (`UNAVAILABLE`: a replica gone or draining) by other replicas.
-    Route(u8),
+    /// `Route`: the routing question, after `refusals` of it
+    /// (`UNAVAILABLE`: a replica gone or draining) by other replicas. An
+    /// `UNAVAILABLE` at or after `refused_before` is no refusal but the
+    /// call's own timeout (Envoy answers it with a 504, which gRPC maps to
+    /// `UNAVAILABLE`): a replica that refuses does so at once.
+    Route {
+        refusals: u8,
+        refused_before: SystemTime,
+    },
     /// `AwaitAdmission`: a queued request's slot.
     Admission,
     /// `AwaitPrefill`: the outcome of the prefill half the control plane sent.

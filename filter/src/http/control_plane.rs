@@ -125,16 +125,21 @@ impl Request {
 
     /// Sends the routing question; its answer arrives in [`Self::answered`].
     pub(super) fn ask(&mut self, question: Question) -> Flow {
-        self.ask_as(question, Call::Route(0))
+        self.ask_as(question, 0)
     }
 
-    /// Sends the routing question, as `call` when it goes as a call.
-    fn ask_as(&mut self, question: Question, call: Call) -> Flow {
+    /// Sends the routing question, `refusals` times refused so far.
+    fn ask_as(&mut self, question: Question, refusals: u8) -> Flow {
         // The question may be as large as the body: it is gone (moved into
         // the message, dropped with it) before we wait.
         let mut request = RouteRequest::from(question);
         let now = self.get_current_time();
-        let on_session = self.shared.session.takes_questions(now)
+        // While the session's gate is closed (its last stream went
+        // unanswered) and no stream is up, a question does not wait on the
+        // next one's opening, which probes for itself; it goes as a call.
+        let session = &self.shared.session;
+        let on_session = session.takes_questions(now)
+            && (session.is_up() || !self.shared.reach_session.is_refused())
             && request.body.len() <= self.shared.config.session_question_max_bytes;
         // A control plane that stopped answering is not asked, on the
         // session or with a call, but by its probe. A question a replica
@@ -143,7 +148,7 @@ impl Request {
         let gate = if on_session {
             Some(&self.shared.reach_session)
         } else {
-            (call == Call::Route(0)).then_some(&self.shared.reach_calls)
+            (refusals == 0).then_some(&self.shared.reach_calls)
         };
         if gate.is_some_and(|gate| !gate.allows(now)) {
             return self.run_no_answer();
@@ -172,8 +177,13 @@ impl Request {
             request.prefill_follows = false;
         }
         let encoded = request.encode_to_vec();
-        if self.call("Route", &encoded, self.route_timeout(), call) {
-            self.hold(Hold::Request, self.route_timeout());
+        let timeout = self.route_timeout();
+        let call = Call::Route {
+            refusals,
+            refused_before: now + timeout / 2,
+        };
+        if self.call("Route", &encoded, timeout, call) {
+            self.hold(Hold::Request, timeout);
             return Flow::Wait;
         }
         self.run_no_answer()
@@ -323,12 +333,16 @@ impl Request {
                 let outcome = self.answer::<PrefillOutcome>(grpc_status, size);
                 self.prefill_answered(outcome);
             }
-            Call::Route(refusals)
-                if grpc_status == Some(UNAVAILABLE) && refusals < MAX_REFUSALS =>
+            Call::Route {
+                refusals,
+                refused_before,
+            } if grpc_status == Some(UNAVAILABLE)
+                && refusals < MAX_REFUSALS
+                && self.get_current_time() < refused_before =>
             {
                 self.ask_again(refusals + 1)
             }
-            Call::Route(_) => {
+            Call::Route { .. } => {
                 let response = self.answer::<RouteResponse>(grpc_status, size);
                 self.route_answered(response);
             }
@@ -362,7 +376,7 @@ impl Request {
         // Whatever follows holds the request again if it must.
         self.unhold();
         let flow = match self.lc.on_refused(&self.source()) {
-            Step::Ask(question) => self.ask_as(*question, Call::Route(refusals)),
+            Step::Ask(question) => self.ask_as(*question, refusals),
             step => self.run(step),
         };
         if flow == Flow::Go {

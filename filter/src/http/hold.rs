@@ -76,7 +76,7 @@ impl Request {
                 // An answer that still comes finds nobody waiting.
                 self.shared.session.forget_wait(ticket, Wait::Answer);
                 self.calls
-                    .forget(|c| matches!(c, Call::Route(_) | Call::Admission));
+                    .forget(|c| matches!(c, Call::Route { .. } | Call::Admission));
                 match self.lc.on_overdue() {
                     Overdue::Request(step) => self.run_resuming(step),
                     // Not held by the lifecycle: it went on or was

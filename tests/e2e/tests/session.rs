@@ -79,13 +79,20 @@ fn stranded_questions(stack: &Stack) -> usize {
         .sum()
 }
 
+/// The questions the control plane took on session streams.
+async fn session_questions(stack: &Stack) -> f64 {
+    stack
+        .metric("sgl_router_filter_session_messages_total{kind=\"route\"}")
+        .await
+}
+
 /// With the control plane frozen (SIGSTOP), sends `body` to `path` and,
 /// once its question is on the session stream, kills the control plane.
 /// Returns the request's status and how long it took from being sent.
 ///
 /// A filter that found the control plane frozen has stopped asking it
-/// (`filter/src/reach.rs`): it is first thawed until it routes a request
-/// again, then frozen again, so that the next question goes out and waits.
+/// (`filter/src/reach.rs`): it is first thawed until it takes a question
+/// on a session again, then frozen again, so that the next question goes out and waits.
 ///
 /// The question is on the stream when Envoy has sent more bytes to the
 /// control plane since the request began. Nothing else sends any then: the
@@ -98,14 +105,16 @@ async fn kill_while_a_question_waits(
     body: serde_json::Value,
 ) -> (u16, Duration) {
     assert!(stack.signal_control_plane("CONT"));
-    let routed_before = stack.metric("sgl_router_requests_total").await;
+    // Asked on a session again, not only with calls: the frozen one's
+    // stream was given up, and the next opens after its backoff.
+    let asked_before = session_questions(stack).await;
     assert!(
         wait_until(Duration::from_secs(5), || async {
             burst(stack, 1, "thawed").await;
-            stack.metric("sgl_router_requests_total").await > routed_before
+            session_questions(stack).await > asked_before
         })
         .await,
-        "the thawed control plane was not asked again"
+        "the thawed control plane was not asked on a session again"
     );
     assert!(stack.signal_control_plane("STOP"));
     let active = "cluster.sglang_control_plane.upstream_rq_active";
@@ -363,6 +372,13 @@ async fn questions_waiting_on_a_frozen_or_killed_control_plane_fall_back_and_the
     assert!(
         slow <= 3,
         "{slow} of 12 requests waited for the frozen control plane: {waited:?}"
+    );
+    // A probe waits one deadline: a call that ran into its timeout (which
+    // Envoy reports as UNAVAILABLE, as a draining replica's refusal) is
+    // not asked again.
+    assert!(
+        waited.iter().all(|t| *t < 2 * ROUTE_TIMEOUT),
+        "a request waited more than one deadline: {waited:?}"
     );
 
     // Killed while a question waits: it falls back when the stream breaks,
