@@ -437,9 +437,9 @@ fn routed_by_second(compose: &Compose) -> f64 {
     requests_routed(&compose.admin_in("control-plane-2", false, "/metrics"))
 }
 
-/// `n` chats through Envoy, one after another: what those not answered
-/// 200 got.
-async fn failed_chats(n: usize) -> Vec<String> {
+/// Sends `n` chats through Envoy, one after another, and asserts each
+/// was answered 200 (`phase` says when, with the compose log if not).
+async fn assert_chats_answered(compose: &Compose, n: usize, phase: &str) {
     let mut failed = Vec::new();
     for i in 0..n {
         match chat(false).await {
@@ -448,7 +448,7 @@ async fn failed_chats(n: usize) -> Vec<String> {
             None => failed.push(format!("request {i}: no answer")),
         }
     }
-    failed
+    assert!(failed.is_empty(), "{phase}: {failed:?}\n{}", compose.log());
 }
 
 /// Profile ha as the README runs it (`--profile ha`, with the demo's
@@ -513,12 +513,7 @@ async fn profile_ha_shares_the_workers_and_outlives_a_control_plane_and_redis() 
     // control-plane stopped: Envoy's streams move to control-plane-2.
     let before = routed_by_second(&compose);
     compose.run(&["stop", "control-plane"]);
-    let failed = failed_chats(30).await;
-    assert!(
-        failed.is_empty(),
-        "with control-plane stopped: {failed:?}\n{}",
-        compose.log()
-    );
+    assert_chats_answered(&compose, 30, "with control-plane stopped").await;
     let routed = routed_by_second(&compose) - before;
     assert!(
         routed >= 30.0,
@@ -529,12 +524,7 @@ async fn profile_ha_shares_the_workers_and_outlives_a_control_plane_and_redis() 
 
     // Redis stopped as well: the control plane left routes on what it has.
     compose.run(&["stop", "redis"]);
-    let failed = failed_chats(20).await;
-    assert!(
-        failed.is_empty(),
-        "with Redis stopped too: {failed:?}\n{}",
-        compose.log()
-    );
+    assert_chats_answered(&compose, 20, "with Redis stopped too").await;
 
     // Both back: control-plane lists the workers again.
     compose.run(&["start", "redis"]);
@@ -547,12 +537,7 @@ async fn profile_ha_shares_the_workers_and_outlives_a_control_plane_and_redis() 
         "control-plane came back without the workers: {:?}",
         healthy_sorted().await
     );
-    let failed = failed_chats(20).await;
-    assert!(
-        failed.is_empty(),
-        "with both back: {failed:?}\n{}",
-        compose.log()
-    );
+    assert_chats_answered(&compose, 20, "with both back").await;
     down_leaves_nothing(compose);
 }
 
