@@ -240,6 +240,7 @@ impl ControlPlane {
             wire_profile: args.wire_profile.forced(),
             client_key: args.api_key.as_deref().map(ClientKey::from_key),
             trace: args.enable_trace,
+            decision_cpu: args.decision_cpu_metric,
             max_body_bytes: args.max_payload_size,
         };
         let buckets = &args.prometheus_duration_buckets;

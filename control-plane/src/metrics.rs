@@ -41,6 +41,7 @@ pub struct Metrics {
     errors: Family<ReasonLabel, Counter>,
     duration: Histogram,
     decision_seconds: Histogram,
+    decision_cpu_seconds: Histogram,
     cache_hits: Counter,
     cache_misses: Counter,
     imbalanced: Counter,
@@ -106,6 +107,7 @@ impl Metrics {
             // Factor 1.25 from 1 us to ~1.6 s: a p99 read from the buckets
             // is within 25%, fine enough to compare replicas (bench).
             decision_seconds: Histogram::new(exponential_buckets(0.000_001, 1.25, 64)),
+            decision_cpu_seconds: Histogram::new(exponential_buckets(0.000_001, 1.25, 64)),
             cache_hits: Counter::default(),
             cache_misses: Counter::default(),
             imbalanced: Counter::default(),
@@ -151,6 +153,11 @@ impl Metrics {
             "sgl_router_decision_duration_seconds",
             "Time the control plane took to choose a worker",
             m.decision_seconds.clone(),
+        );
+        registry.register(
+            "sgl_router_decision_cpu_seconds",
+            "CPU time the control plane's thread spent choosing a worker (with --decision-cpu-metric)",
+            m.decision_cpu_seconds.clone(),
         );
         registry.register(
             "sgl_router_cache_hits",
@@ -331,14 +338,19 @@ impl Metrics {
         self.sessions.inc_by(delta);
     }
 
-    /// One routing decision for `route`.
-    pub fn decided(&self, route: &str, cache: CacheOutcome, seconds: f64) {
+    /// One routing decision for `route`, which took `took.0` seconds on
+    /// the clock and `took.1` of its thread's CPU (`--decision-cpu-metric`).
+    pub fn decided(&self, route: &str, cache: CacheOutcome, took: (f64, Option<f64>)) {
+        let (seconds, cpu_seconds) = took;
         self.requests
             .get_or_create(&RouteLabel {
                 route: route.to_string(),
             })
             .inc();
         self.decision_seconds.observe(seconds);
+        if let Some(cpu) = cpu_seconds {
+            self.decision_cpu_seconds.observe(cpu);
+        }
         match cache {
             CacheOutcome::Hit => self.cache_hits.inc(),
             CacheOutcome::Miss => self.cache_misses.inc(),

@@ -368,6 +368,12 @@ pub struct Args {
     #[arg(long)]
     pub enable_trace: bool,
 
+    /// Also measure each decision's CPU time (two system calls a decision)
+    /// into `sgl_router_decision_cpu_seconds`: the decision's own work,
+    /// apart from the time its thread waited for a core (benchmarks).
+    #[arg(long)]
+    pub decision_cpu_metric: bool,
+
     /// The OTLP/gRPC collector, `host:port` (or a URL), for `--enable-trace`.
     #[arg(long, default_value = "localhost:4317")]
     pub otlp_traces_endpoint: String,

@@ -5,7 +5,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use sglang_envoy_body::{is_info_path, too_large, RequestBody, Route};
 use sglang_envoy_lifecycle::{
@@ -14,6 +13,7 @@ use sglang_envoy_lifecycle::{
 use tracing::debug;
 
 use super::share::Shares;
+use super::stopwatch::Stopwatch;
 use super::{exact, Engine};
 use crate::admission::class::Class;
 use crate::admission::tenants::{tenant_key, Sender, TENANT_OVER_RATE};
@@ -169,7 +169,7 @@ impl Engine {
 
     /// Chooses the units for `req` and counts its load.
     fn decide_route(&self, req: &Question, shares: &mut Shares) -> Result<Choice, Unrouted> {
-        let started = Instant::now();
+        let started = Stopwatch::start(self.options.decision_cpu);
         let serving_role = Role::serving(self.options.mode);
         let mut serving = self.registry.available(serving_role);
         if let Some(subset) = &req.subset {
@@ -252,7 +252,7 @@ impl Engine {
             predicted,
         );
         self.metrics
-            .decided(route.path(), selection.cache, elapsed(started));
+            .decided(route.path(), selection.cache, started.read());
         debug!(path = %req.path, worker = %worker.url, cache = ?selection.cache, "routed");
         Ok(Choice {
             inject: pd::dp_fields(worker),
@@ -271,7 +271,7 @@ impl Engine {
         req: &Question,
         route: Route,
         decodes: &[Arc<Worker>],
-        started: Instant,
+        started: Stopwatch,
         shares: &mut Shares,
     ) -> Result<Choice, Unrouted> {
         if req.body.is_empty() {
@@ -330,8 +330,7 @@ impl Engine {
             // prefill's: nothing to check.
             None,
         );
-        self.metrics
-            .decided(route.path(), p.cache, elapsed(started));
+        self.metrics.decided(route.path(), p.cache, started.read());
         debug!(path = %req.path, prefill = %prefill.url, decode = %decode.url, "routed PD pair");
         Ok(Choice {
             plan,
@@ -432,8 +431,4 @@ fn route_input(req: &Question) -> RouteInput<'_> {
         routing_key: RoutingKey::from_header(&req.routing_key),
         exact: None,
     }
-}
-
-fn elapsed(started: Instant) -> f64 {
-    started.elapsed().as_secs_f64()
 }

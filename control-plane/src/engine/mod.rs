@@ -30,6 +30,7 @@ pub mod exact;
 mod models;
 mod policies;
 mod share;
+mod stopwatch;
 
 pub use policies::Policies;
 
@@ -93,6 +94,9 @@ pub struct EngineOptions {
     pub tenant_header: Option<String>,
     /// `--enable-trace`: each decision is a span (see [`crate::trace`]).
     pub trace: bool,
+    /// `--decision-cpu-metric`: each decision's CPU time is measured too
+    /// (`stopwatch.rs`).
+    pub decision_cpu: bool,
     /// `--max-payload-size`: larger request bodies are refused (413),
     /// whatever the front door's own limit.
     pub max_body_bytes: usize,
@@ -112,6 +116,7 @@ impl Default for EngineOptions {
             client_key: None,
             tenant_header: None,
             trace: false,
+            decision_cpu: false,
             max_body_bytes: sglang_envoy_lifecycle::names::DEFAULT_MAX_BODY_BYTES,
         }
     }

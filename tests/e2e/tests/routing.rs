@@ -165,3 +165,39 @@ async fn a_client_cannot_choose_the_worker() {
     assert_eq!(stack.workers[0].served().await, 3);
     assert_eq!(stack.workers[1].served().await, 3);
 }
+
+/// `--decision-cpu-metric`: every decision made for a request through
+/// Envoy is timed in its thread's CPU as well as on the clock, and its CPU
+/// time lies within its clock time; without the flag none is.
+#[tokio::test]
+async fn decisions_are_timed_in_cpu_only_when_asked() {
+    let plain = Stack::with_workers(1).await;
+    let measured = Stack::start(StackOptions {
+        workers: 1,
+        cp_args: vec!["--decision-cpu-metric".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let body =
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    for stack in [&plain, &measured] {
+        for _ in 0..10 {
+            let r = stack.post("/v1/chat/completions", &body.to_string()).await;
+            assert_eq!(r.status(), 200);
+        }
+    }
+    let wall = "sgl_router_decision_duration_seconds";
+    let cpu = "sgl_router_decision_cpu_seconds";
+    assert!(plain.metric(&format!("{wall}_count")).await >= 10.0);
+    assert_eq!(plain.metric(&format!("{cpu}_count")).await, 0.0);
+    let decisions = measured.metric(&format!("{wall}_count")).await;
+    assert!(decisions >= 10.0, "{decisions} decisions");
+    assert_eq!(measured.metric(&format!("{cpu}_count")).await, decisions);
+    let wall_sum = measured.metric(&format!("{wall}_sum")).await;
+    let cpu_sum = measured.metric(&format!("{cpu}_sum")).await;
+    assert!(
+        cpu_sum > 0.0 && cpu_sum <= wall_sum,
+        "CPU {cpu_sum} s against {wall_sum} s on the clock"
+    );
+}
