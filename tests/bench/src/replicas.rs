@@ -86,6 +86,12 @@ pub const SETUPS: &[ReplicaSetup] = &[
 
 /// The control plane's histogram of the time it takes to choose a worker.
 pub const DECISION_HISTOGRAM: &str = "sgl_router_decision_duration_seconds";
+/// The same decisions' CPU time (`--decision-cpu-metric`): their own
+/// work, apart from the waits for a core that 3 control planes, Envoy and
+/// the workers on 2 cores add to the clock's.
+pub const DECISION_CPU_HISTOGRAM: &str = "sgl_router_decision_cpu_seconds";
+/// The flag that measures it.
+const DECISION_CPU_FLAG: &str = "--decision-cpu-metric";
 
 /// The flag of the setup that does not share the tree.
 const NO_SHARED_TREE: &str = "--disable-shared-tree";
@@ -103,6 +109,10 @@ pub struct ReplicaRun {
     pub row: QualityRow,
     /// The decision histogram of all the control planes together.
     pub decisions: Histogram,
+    /// Their CPU time's ([`DECISION_CPU_HISTOGRAM`]); `None` from a
+    /// control plane without [`DECISION_CPU_FLAG`].
+    #[serde(default)]
+    pub cpu: Option<Histogram>,
     /// Decisions each control plane made (its histogram's `_count`), in
     /// the order the cluster lists them.
     pub per_replica: Vec<u64>,
@@ -269,7 +279,7 @@ pub async fn run(
             for setup in order {
                 let r = cell(paths, &shape, seed, &setup, rp.envoy_concurrency, &schedule).await?;
                 eprintln!(
-                    "    {:<28} TTFT p50 {:>5.0} p95 {:>5.0} ms  hit {:.3}  max/min {:.2}  decision p50 {} p99 {} us  per replica {:?} (VMs {:?}, {} Envoy start(s))  failed {}{}",
+                    "    {:<28} TTFT p50 {:>5.0} p95 {:>5.0} ms  hit {:.3}  max/min {:.2}  decision p50 {} p99 {} us (CPU p99 {} us)  per replica {:?} (VMs {:?}, {} Envoy start(s))  failed {}{}",
                     r.setup,
                     r.row.ttft_ms.p50,
                     r.row.ttft_ms.p95,
@@ -277,6 +287,7 @@ pub async fn run(
                     r.row.max_min,
                     us(r.decisions.quantile(0.5)),
                     us(r.decisions.quantile(0.99)),
+                    us(r.cpu.as_ref().and_then(|h| h.quantile(0.99))),
                     r.per_replica,
                     r.sessions,
                     r.envoy_starts,
@@ -438,7 +449,10 @@ async fn cell(
     let mut cps: Vec<ControlPlane> = Vec::with_capacity(setup.replicas);
     for i in 0..setup.replicas {
         let (admin, grpc) = (free_port()?, free_port()?);
-        let args = control_plane_args(setup, &fleet, store, admin, grpc);
+        let mut args = control_plane_args(setup, &fleet, store, admin, grpc);
+        if knows_flag(&paths.control_plane, DECISION_CPU_FLAG) {
+            args.push(DECISION_CPU_FLAG.into());
+        }
         let proc = start_control_plane(paths, &format!("{tag}-cp-{i}"), &args, admin).await?;
         cps.push(ControlPlane { proc, admin, grpc });
     }
@@ -479,12 +493,14 @@ async fn cell(
     row.contender = setup.label.to_string();
 
     let mut histograms = Vec::with_capacity(cps.len());
+    let mut cpu = Vec::with_capacity(cps.len());
     for c in &cps {
         let page = get_text(&format!("http://127.0.0.1:{}/metrics", c.admin)).await?;
         histograms.push(
             Histogram::parse(&page, DECISION_HISTOGRAM)
                 .with_context(|| format!("no {DECISION_HISTOGRAM} on control plane {}", c.admin))?,
         );
+        cpu.push(Histogram::parse(&page, DECISION_CPU_HISTOGRAM));
     }
     drop(envoy);
     drop(cps);
@@ -500,6 +516,10 @@ async fn cell(
         sessions,
         envoy_starts,
         decisions: Histogram::merge(&histograms),
+        cpu: cpu
+            .iter()
+            .all(Option::is_some)
+            .then(|| Histogram::merge(cpu.iter().flatten())),
     })
 }
 

@@ -31,9 +31,14 @@ pub(super) struct Agg {
     pub hit: f64,
     /// Every run's control planes together.
     pub decisions: Histogram,
+    /// Their CPU time's, when every run measured it.
+    pub cpu: Option<Histogram>,
     /// Each run's decision p99 (all its control planes together), in the
     /// order the seeds ran.
     pub p99_seeds: Vec<Option<f64>>,
+    /// Each run's decision CPU p99, likewise; empty unless every run
+    /// measured it.
+    pub cpu_p99_seeds: Vec<Option<f64>>,
     /// Decisions of the first, second... control plane, summed over runs.
     pub per_replica: Vec<u64>,
     /// Each run's filter VM sessions per control plane, `2/1/1`.
@@ -70,7 +75,18 @@ pub(super) fn aggregate(runs: &[ReplicaRun], shape: &str) -> Vec<Agg> {
                 p95: mean(|r| r.row.ttft_ms.p95),
                 hit: mean(|r| r.row.cache_hit_ratio),
                 decisions: Histogram::merge(rs.iter().map(|r| &r.decisions)),
+                cpu: rs
+                    .iter()
+                    .all(|r| r.cpu.is_some())
+                    .then(|| Histogram::merge(rs.iter().filter_map(|r| r.cpu.as_ref()))),
                 p99_seeds: rs.iter().map(|r| r.decisions.quantile(0.99)).collect(),
+                cpu_p99_seeds: match rs.iter().all(|r| r.cpu.is_some()) {
+                    true => rs
+                        .iter()
+                        .map(|r| r.cpu.as_ref().and_then(|h| h.quantile(0.99)))
+                        .collect(),
+                    false => Vec::new(),
+                },
                 per_replica: (0..width)
                     .map(|i| rs.iter().filter_map(|r| r.per_replica.get(i)).sum())
                     .collect(),
@@ -93,10 +109,21 @@ impl Agg {
     /// it by half (the pooled p99, [`Agg::decisions`], with it); the
     /// median seed's it does not move.
     pub fn p99(&self) -> Option<f64> {
-        let mut seeds: Vec<f64> = self.p99_seeds.iter().flatten().copied().collect();
-        seeds.sort_by(f64::total_cmp);
-        seeds.get(seeds.len() / 2).copied()
+        median_seed(&self.p99_seeds)
     }
+
+    /// The decision CPU p99 of the median seed, as [`Agg::p99`]: what the
+    /// goal "sharing adds no work on the request path" is judged on.
+    pub fn cpu_p99(&self) -> Option<f64> {
+        median_seed(&self.cpu_p99_seeds)
+    }
+}
+
+/// The median of the seeds' values (of an even number, the larger middle one).
+fn median_seed(seeds: &[Option<f64>]) -> Option<f64> {
+    let mut seeds: Vec<f64> = seeds.iter().flatten().copied().collect();
+    seeds.sort_by(f64::total_cmp);
+    seeds.get(seeds.len() / 2).copied()
 }
 
 /// `a / b` as `0.97x`, empty when either is missing or `b` is 0.
@@ -119,7 +146,11 @@ pub(super) struct Goal {
 
 /// The goals of `shape`'s shared setups (every one with a store and the
 /// tree shared) against its first setup, one control plane: hit ratio at
-/// least [`HIT_GOAL`] of it, decision p99 at most [`P99_GOAL`] of it.
+/// least [`HIT_GOAL`] of it, decision p99 at most [`P99_GOAL`] of it. The
+/// p99 is judged in CPU time where every run measured it ("sharing adds
+/// no work on the request path"); the clock's p99, which adds the waits
+/// for a core of more processes on a small machine, is then reported
+/// beside it, unjudged.
 pub(super) fn goals(shape: &str, aggs: &[Agg]) -> Vec<Goal> {
     let Some(one) = aggs.iter().find(|a| a.setup == SETUPS[0].label) else {
         return Vec::new();
@@ -141,19 +172,37 @@ pub(super) fn goals(shape: &str, aggs: &[Agg]) -> Vec<Goal> {
             measured: format!("{:.3} vs {:.3} = {hit:.2}x", a.hit, one.hit),
             pass: (one.hit > 0.0).then_some(hit >= HIT_GOAL),
         });
-        let (measured, pass) = match (a.p99(), one_p99) {
+        let against = |x: Option<f64>, o: Option<f64>| match (x, o) {
             (Some(x), Some(o)) if o > 0.0 => (
                 format!("{} vs {} us = {:.2}x", us(Some(x)), us(Some(o)), x / o),
                 Some(x / o <= P99_GOAL),
             ),
             _ => ("no decisions counted".into(), None),
         };
+        let (cpu, one_cpu) = (a.cpu_p99(), one.cpu_p99());
+        let judged_on_cpu = cpu.is_some() && one_cpu.is_some();
+        if judged_on_cpu {
+            let (measured, pass) = against(cpu, one_cpu);
+            out.push(Goal {
+                shape: shape.into(),
+                setup: a.setup.clone(),
+                goal: format!(
+                    "decision p99, CPU time (median seed's) <= {P99_GOAL:.2}x one replica's"
+                ),
+                measured,
+                pass,
+            });
+        }
+        let (measured, pass) = against(a.p99(), one_p99);
         out.push(Goal {
             shape: shape.into(),
             setup: a.setup.clone(),
-            goal: format!("decision p99 (median seed's) <= {P99_GOAL:.2}x one replica's"),
+            goal: match judged_on_cpu {
+                true => "decision p99 on the clock (median seed's), reported".into(),
+                false => format!("decision p99 (median seed's) <= {P99_GOAL:.2}x one replica's"),
+            },
             measured,
-            pass,
+            pass: pass.filter(|_| !judged_on_cpu),
         });
     }
     out
@@ -258,7 +307,13 @@ pub fn render(w: &mut String, results: &ReplicasResults, profile: &Profile, info
          moves it, and the pooled one with it, by half; the goal is judged \
          on the median seed's. `decisions per replica` is each control \
          plane's `_count`, summed over the seeds (in the cluster's order). \
-         Ratios are to `1 replica` on the same shape.\n",
+         `CPU` is the same decisions' `sgl_router_decision_cpu_seconds` \
+         (every control plane runs with `--decision-cpu-metric`): the \
+         deciding thread's CPU time, the decision's own work without the \
+         waits for a core that more processes on 2 cores add to the clock. \
+         The p99 goal (\"sharing adds no work on the request path\") is \
+         judged on the CPU p99 of the median seed; the clock's is reported \
+         beside it. Ratios are to `1 replica` on the same shape.\n",
         rp.shapes
             .iter()
             .map(|s| format!("\"{s}\""))
@@ -286,17 +341,19 @@ pub fn render(w: &mut String, results: &ReplicasResults, profile: &Profile, info
         let _ = writeln!(w, "### {shape}\n");
         let _ = writeln!(
             w,
-            "| setup | requests | failed | TTFT p50 ms | TTFT p95 ms | hit ratio | decision p50 us | decision p99 us | p99 per seed us | p99 pooled us | decisions per replica | VM sessions per replica | hit vs 1 | decision p99 vs 1 | TTFT p95 vs 1 |\n\
-             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | --- | ---: | ---: | ---: |"
+            "| setup | requests | failed | TTFT p50 ms | TTFT p95 ms | hit ratio | decision p50 us | decision p99 us | p99 per seed us | p99 pooled us | CPU p50 us | CPU p99 us | CPU p99 per seed us | decisions per replica | VM sessions per replica | hit vs 1 | decision p99 vs 1 | CPU p99 vs 1 | TTFT p95 vs 1 |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |"
         );
         let one = aggs.first().filter(|a| a.setup == SETUPS[0].label);
         for a in &aggs {
             let p99 = a.p99();
             let per: Vec<String> = a.per_replica.iter().map(u64::to_string).collect();
             let seeds: Vec<String> = a.p99_seeds.iter().map(|p| us(*p)).collect();
+            let cpu_seeds: Vec<String> = a.cpu_p99_seeds.iter().map(|p| us(*p)).collect();
+            let cpu_q = |q: f64| us(a.cpu.as_ref().and_then(|h| h.quantile(q)));
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 a.setup,
                 a.requests,
                 a.failed,
@@ -307,10 +364,14 @@ pub fn render(w: &mut String, results: &ReplicasResults, profile: &Profile, info
                 us(p99),
                 seeds.join(", "),
                 us(a.decisions.quantile(0.99)),
+                cpu_q(0.5),
+                us(a.cpu_p99()),
+                cpu_seeds.join(", "),
                 per.join(" / "),
                 a.sessions.join(", "),
                 ratio(Some(a.hit), one.map(|o| o.hit)),
                 ratio(p99, one.and_then(Agg::p99)),
+                ratio(a.cpu_p99(), one.and_then(Agg::cpu_p99)),
                 ratio(Some(a.p95), one.map(|o| o.p95)),
             );
         }
@@ -368,253 +429,5 @@ pub fn splice(doc: &str, new: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::quality::QualityRow;
-    use crate::stats::Percentiles;
-
-    /// A histogram of `n` decisions, all in (`lo`, `hi`] seconds.
-    fn hist(lo: f64, hi: f64, n: f64) -> Histogram {
-        Histogram {
-            buckets: vec![(lo, 0.0), (hi, n), (f64::INFINITY, n)],
-            count: n,
-            sum: 0.0,
-        }
-    }
-
-    fn run(
-        shape: &str,
-        setup: &str,
-        seed: u64,
-        hit: f64,
-        p95: f64,
-        per: &[u64],
-        h: Histogram,
-    ) -> ReplicaRun {
-        ReplicaRun {
-            setup: setup.into(),
-            replicas: per.len(),
-            row: QualityRow {
-                shape: shape.into(),
-                seed,
-                held_out: false,
-                contender: setup.into(),
-                requests: 100,
-                completed: 99,
-                failed: 1,
-                first_failure: None,
-                ttft_ms: Percentiles {
-                    p50: p95 / 4.0,
-                    p95,
-                    ..Percentiles::default()
-                },
-                e2e_ms: Percentiles::default(),
-                cache_hit_ratio: hit,
-                per_worker: vec![25; 4],
-                max_min: 1.0,
-                busy: 0.5,
-            },
-            decisions: h,
-            per_replica: per.to_vec(),
-            sessions: per.iter().map(|_| 1).collect(),
-            envoy_starts: 1,
-        }
-    }
-
-    /// "many groups": 2 replicas keep the hit ratio and the p99; 3
-    /// replicas lose both; the unshared row has no goal.
-    fn results() -> ReplicasResults {
-        let us = 1e-6;
-        ReplicasResults {
-            runs: vec![
-                // Run order is not table order.
-                run(
-                    "many groups",
-                    "3 replicas",
-                    1,
-                    0.80,
-                    900.0,
-                    &[30, 30, 40],
-                    hist(20.0 * us, 40.0 * us, 100.0),
-                ),
-                run(
-                    "many groups",
-                    "1 replica",
-                    1,
-                    0.90,
-                    600.0,
-                    &[100],
-                    hist(10.0 * us, 20.0 * us, 100.0),
-                ),
-                run(
-                    "many groups",
-                    "1 replica",
-                    2,
-                    0.92,
-                    800.0,
-                    &[100],
-                    hist(10.0 * us, 20.0 * us, 100.0),
-                ),
-                run(
-                    "many groups",
-                    "2 replicas",
-                    1,
-                    0.90,
-                    700.0,
-                    &[60, 40],
-                    hist(10.0 * us, 20.0 * us, 100.0),
-                ),
-                run(
-                    "many groups",
-                    "2 replicas",
-                    2,
-                    0.90,
-                    700.0,
-                    &[50, 50],
-                    hist(10.0 * us, 20.0 * us, 100.0),
-                ),
-                run(
-                    "many groups",
-                    "3 replicas, tree not shared",
-                    1,
-                    0.70,
-                    1400.0,
-                    &[34, 33, 33],
-                    hist(10.0 * us, 20.0 * us, 100.0),
-                ),
-                run(
-                    "few hot",
-                    "1 replica",
-                    1,
-                    0.90,
-                    500.0,
-                    &[100],
-                    hist(10.0 * us, 20.0 * us, 100.0),
-                ),
-            ],
-            skipped: vec![],
-        }
-    }
-
-    #[test]
-    fn aggregates_over_seeds_in_setup_order() {
-        let aggs = aggregate(&results().runs, "many groups");
-        let names: Vec<&str> = aggs.iter().map(|a| a.setup.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "1 replica",
-                "2 replicas",
-                "3 replicas",
-                "3 replicas, tree not shared"
-            ]
-        );
-        let one = &aggs[0];
-        assert_eq!((one.requests, one.failed), (200, 2));
-        assert!((one.hit - 0.91).abs() < 1e-9 && (one.p95 - 700.0).abs() < 1e-9);
-        assert_eq!(one.decisions.count, 200.0);
-        assert_eq!(aggs[1].per_replica, [110, 90]);
-        assert_eq!(aggs[1].sessions, ["1/1", "1/1"]);
-        assert!(aggregate(&results().runs, "no such shape").is_empty());
-    }
-
-    #[test]
-    fn goals_hold_the_shared_setups_to_one_replica() {
-        let aggs = aggregate(&results().runs, "many groups");
-        let g = goals("many groups", &aggs);
-        // Two goals for each of "2 replicas" and "3 replicas", none for
-        // the unshared row.
-        assert_eq!(g.len(), 4, "{g:?}");
-        assert!(g.iter().all(|g| !g.setup.contains("not shared")));
-        let find = |setup: &str, what: &str| {
-            g.iter()
-                .find(|g| g.setup == setup && g.goal.starts_with(what))
-                .unwrap()
-        };
-        // 0.90 / 0.91 = 0.99x.
-        let hit2 = find("2 replicas", "hit");
-        assert_eq!(hit2.pass, Some(true));
-        assert_eq!(hit2.measured, "0.900 vs 0.910 = 0.99x");
-        // 0.80 / 0.91 = 0.88x < 0.95x.
-        assert_eq!(find("3 replicas", "hit").pass, Some(false));
-        // Same buckets: same p99 (19.9 us interpolated), 1.00x.
-        let p99 = find("2 replicas", "decision");
-        assert_eq!(
-            (p99.pass, p99.measured.as_str()),
-            (Some(true), "19.9 vs 19.9 us = 1.00x")
-        );
-        // One bucket up: (20, 40] us, 39.8 us = 2.00x.
-        assert_eq!(find("3 replicas", "decision").pass, Some(false));
-        // Without the one-replica row there is nothing to compare with.
-        assert!(goals("many groups", &aggs[1..]).is_empty());
-    }
-
-    #[test]
-    fn the_p99_judged_is_the_median_seeds_not_the_pooled_one() {
-        let micro = 1e-6;
-        let fast = || hist(10.0 * micro, 20.0 * micro, 100.0);
-        let mut runs: Vec<ReplicaRun> = (1..=3)
-            .map(|seed| run("s", "1 replica", seed, 0.9, 600.0, &[100], fast()))
-            .collect();
-        // One seed of "2 replicas" hit a slow patch of the machine.
-        runs.push(run("s", "2 replicas", 1, 0.9, 600.0, &[50, 50], fast()));
-        let slow = hist(40.0 * micro, 80.0 * micro, 100.0);
-        runs.push(run("s", "2 replicas", 2, 0.9, 600.0, &[50, 50], slow));
-        runs.push(run("s", "2 replicas", 3, 0.9, 600.0, &[50, 50], fast()));
-        let aggs = aggregate(&runs, "s");
-        let two = &aggs[1];
-        assert_eq!(us(two.p99()), "19.9");
-        assert_eq!(us(two.decisions.quantile(0.99)), "78.8", "pooled");
-        let g = goals("s", &aggs);
-        let p99 = g.iter().find(|g| g.goal.starts_with("decision")).unwrap();
-        assert_eq!(
-            (p99.pass, p99.measured.as_str()),
-            (Some(true), "19.9 vs 19.9 us = 1.00x")
-        );
-        // Of two seeds, the slower one.
-        let aggs = aggregate(&runs[3..5], "s");
-        assert_eq!(us(aggs[0].p99()), "79.6");
-    }
-
-    #[test]
-    fn renders_a_table_per_shape_and_the_goals() {
-        let mut doc = String::new();
-        render(&mut doc, &results(), &Profile::full(), &RunInfo::default());
-        assert!(doc.starts_with(HEADING));
-        assert!(doc.contains("### many groups") && doc.contains("### few hot"));
-        assert!(doc.contains(
-            "| 2 replicas | 200 | 2 | 175 | 700 | 0.900 | 15.0 | 19.9 | 19.9, 19.9 | 19.9 | 110 / 90 | 1/1, 1/1 | 0.99x | 1.00x | 1.00x |"
-        ), "{doc}");
-        assert!(doc.contains("| many groups | 3 replicas | hit ratio >= 0.95x one replica's | 0.800 vs 0.910 = 0.88x | **FAIL** |"));
-        assert!(
-            doc.contains(
-                "What `--disable-shared-tree` turns off (`3 replicas` against `3 replicas, tree \
-             not shared`, the same processes): decision p50 30.0 vs 15.0 us, p99 39.8 vs \
-             19.9 us (2.00x); hit ratio 0.800 vs 0.700; TTFT p50 225 vs 350 ms, p95 900 vs \
-             1400 ms."
-            ),
-            "{doc}"
-        );
-        // "few hot" has only one replica: its table, no goals.
-        assert!(!doc.contains("| few hot | 2 replicas"));
-    }
-
-    #[test]
-    fn the_splice_replaces_or_appends_only_its_section() {
-        let doc = "# Benchmarks\n\n## Scenario 3: decision engine\n\nold engine\n";
-        let new = format!("{HEADING}\n\nfirst\n");
-        let once = splice(doc, &new);
-        assert_eq!(once, format!("{}\n\n{new}", doc.trim_end()));
-        assert_eq!(section(&once), Some(new.as_str()));
-        // A section followed by another: only it changes.
-        let middle = format!("{once}\n## Later\n\nkept\n");
-        let newer = format!("{HEADING}\n\nsecond\n");
-        let twice = splice(&middle, &newer);
-        assert!(twice.contains("second") && !twice.contains("first"));
-        assert!(twice.contains("old engine") && twice.ends_with("## Later\n\nkept\n"));
-        assert_eq!(section(&twice), Some(format!("{newer}\n").as_str()));
-        // Spliced at the end again: the same document.
-        assert_eq!(splice(&once, &new), once);
-        assert_eq!(section(doc), None);
-    }
-}
+#[path = "replicas_tests.rs"]
+mod tests;
