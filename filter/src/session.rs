@@ -154,7 +154,7 @@ impl Session {
 
     /// True when questions can go on the stream.
     pub fn is_up(&self) -> bool {
-        matches!(self.0.borrow().link, Link::Up { .. })
+        self.up_token().is_some()
     }
 
     /// True when a question asked at `now` goes on the stream: it is up,
