@@ -4,7 +4,8 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use super::{
-    lowest_at_random, matched_lens, with_exact, CacheOutcome, Policy, RouteInput, Selection,
+    lowest_at_random, matched_lens, spill_gate, with_exact, CacheOutcome, Policy, RouteInput,
+    Selection,
 };
 use crate::tree::Tree;
 use crate::workers::Worker;
@@ -184,11 +185,25 @@ impl Policy for CostAware {
         let keys: Vec<(u64, usize)> = if self.is_cold(guide) {
             self.cold_keys(workers)
         } else {
-            workers
+            let mut keys: Vec<(u64, usize)> = workers
                 .iter()
                 .zip(guide)
                 .map(|(w, &m)| (self.cost(w, len.saturating_sub(m as u64)), w.routing_load()))
-                .collect()
+                .collect();
+            // A worker far above the mean of requests in flight is passed
+            // over, however cheap its cache makes it (`spill_gate.rs`).
+            // Not where KV events give the exact matches: there, behind two
+            // routers, it measured worse (docs/cost-aware-policy.md).
+            let loads: Vec<usize> = keys.iter().map(|k| k.1).collect();
+            let gate = input.exact.is_none().then(|| spill_gate::over(&loads));
+            if let Some(over) = gate.flatten() {
+                for (key, over) in keys.iter_mut().zip(over) {
+                    if over {
+                        key.0 = u64::MAX;
+                    }
+                }
+            }
+            keys
         };
         let best = keys.iter().copied().min().unwrap_or_default();
         let tied: Vec<usize> = (0..keys.len()).filter(|&i| keys[i] == best).collect();
@@ -471,5 +486,53 @@ mod tests {
         ws[other].engine.forget();
         let again = pick(&p, &ws, &"c".repeat(1000));
         assert_eq!(again.index, other);
+    }
+
+    #[test]
+    fn a_warm_worker_far_above_the_mean_in_flight_passes_prompts_on() {
+        let p = policy();
+        let ws = workers(4);
+        let prefix = "a long shared system prompt of one hot group ".repeat(50);
+        let mut held = Vec::new();
+        // Follow-ups of one group: each tail is cheap where the prefix is,
+        // so by price alone all stay on its worker.
+        for i in 0..12 {
+            let (s, sent) = pick_sent(&p, &ws, &format!("{prefix} turn {i}"));
+            held.push((s, sent));
+        }
+        let home = held[0].0.index;
+        let chosen: Vec<usize> = held.iter().map(|(s, _)| s.index).collect();
+        // Six in flight there and none elsewhere is over the gate (mean
+        // 1.5, plus 4): the seventh goes on, to one other worker, which then
+        // holds the prefix and takes the rest (the gate stays open for the
+        // first: 6 against a mean of 3).
+        assert_eq!(chosen[..6], [home; 6], "{chosen:?}");
+        let other = chosen[6];
+        assert_ne!(other, home);
+        assert!(chosen[6..].iter().all(|&i| i == other), "{chosen:?}");
+        assert!(
+            held[6].0.work > held[7].0.work,
+            "the spill prefilled the prefix once"
+        );
+    }
+
+    #[test]
+    fn with_exact_matches_from_kv_events_the_spill_gate_is_off() {
+        let p = policy();
+        let ws = workers(4);
+        let prefix = "a long shared system prompt of one hot group ".repeat(50);
+        let mut exact = vec![Some(0); 4];
+        exact[2] = Some(prefix.len());
+        let mut held = Vec::new();
+        for i in 0..12 {
+            let text = format!("{prefix} turn {i}");
+            let input = RouteInput {
+                exact: Some(&exact),
+                ..RouteInput::of_text(text.as_bytes())
+            };
+            let s = p.select(&ws, &input);
+            held.push(ws[s.index].start(s.work));
+            assert_eq!(s.index, 2, "turn {i}");
+        }
     }
 }

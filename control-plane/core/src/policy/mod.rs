@@ -12,6 +12,7 @@ mod prefix_hash;
 mod random;
 mod rendezvous;
 mod round_robin;
+mod spill_gate;
 
 use std::sync::Arc;
 
