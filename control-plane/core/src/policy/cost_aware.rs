@@ -194,13 +194,10 @@ impl Policy for CostAware {
             // over, however cheap its cache makes it (`spill_gate.rs`).
             // Not where KV events give the exact matches: there, behind two
             // routers, it measured worse (docs/cost-aware-policy.md).
-            let loads: Vec<usize> = keys.iter().map(|k| k.1).collect();
-            let gate = input.exact.is_none().then(|| spill_gate::over(&loads));
-            if let Some(over) = gate.flatten() {
-                for (key, over) in keys.iter_mut().zip(over) {
-                    if over {
-                        key.0 = u64::MAX;
-                    }
+            if input.exact.is_none() {
+                let limit = spill_gate::limit(keys.iter().map(|k| k.1));
+                for key in keys.iter_mut().filter(|k| k.1 as f64 > limit) {
+                    key.0 = u64::MAX;
                 }
             }
             keys

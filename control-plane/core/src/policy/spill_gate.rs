@@ -19,30 +19,30 @@ const REL: f64 = 1.5;
 /// swing of in-flight counts, so a small fleet's noise does not trip it.
 const MIN_MARGIN: f64 = 4.0;
 
-/// For each of `loads` (requests in flight per worker), whether it is over
-/// the gate. `None` when no worker is, or every one is (then nothing is
-/// passed over).
-pub(crate) fn over(loads: &[usize]) -> Option<Vec<bool>> {
-    if loads.len() < 2 {
-        return None;
+/// The count of requests in flight above which a worker is over the gate,
+/// on a fleet with these `loads` (one per worker). Some worker always
+/// holds at most the mean, which is under the limit, so the gate never
+/// passes over every worker.
+pub(crate) fn limit(loads: impl ExactSizeIterator<Item = usize>) -> f64 {
+    let n = loads.len();
+    if n == 0 {
+        return f64::INFINITY;
     }
-    let mean = loads.iter().sum::<usize>() as f64 / loads.len() as f64;
+    let mean = loads.sum::<usize>() as f64 / n as f64;
     let margin = (2.0 * mean.sqrt()).max(MIN_MARGIN);
-    let gated: Vec<bool> = loads
-        .iter()
-        .map(|&l| {
-            let l = l as f64;
-            l > mean + margin && l > REL * mean
-        })
-        .collect();
-    let some = gated.iter().any(|&g| g);
-    let all = gated.iter().all(|&g| g);
-    (some && !all).then_some(gated)
+    (mean + margin).max(REL * mean)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which of `loads` are over the gate; `None` when none is.
+    fn over(loads: &[usize]) -> Option<Vec<bool>> {
+        let limit = limit(loads.iter().copied());
+        let over: Vec<bool> = loads.iter().map(|&l| l as f64 > limit).collect();
+        over.contains(&true).then_some(over)
+    }
 
     #[test]
     fn a_worker_far_above_the_mean_is_over() {
