@@ -444,8 +444,10 @@ fn plain_chat(i: usize) -> String {
 /// filter on its own (no cache awareness) while the other replica was
 /// alive: 54 of 100 requests, measured. A question unanswered on a stream
 /// that is up now gives the stream up, and the next one reaches the live
-/// replica: only the questions in flight when it froze, and a call or two
-/// sent to it before the new stream is up, are routed by the filter alone.
+/// replica: only the questions in flight when it froze, and the requests
+/// that arrive before a replica answers again, are routed by the filter
+/// alone; none after that. (A bound of 8 requests, 2 per client, failed
+/// in CI with 9: how many arrive in that window is a matter of timing.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn questions_on_a_session_whose_replica_froze_move_to_the_live_one() {
     if FrontDoor::current() != FrontDoor::Wasm {
@@ -486,22 +488,35 @@ async fn questions_on_a_session_whose_replica_froze_move_to_the_live_one() {
         + second.metric("sgl_router_requests_total").await;
 
     assert!(frozen.signal_control_plane("STOP"));
+    // The questions in flight when it froze wait their deadline (500 ms),
+    // the stream is given up and the next one opens (if it reaches the
+    // frozen replica, its opening is given up after 200 ms): all within
+    // the first 1.5 s. What the filter routes alone meanwhile
+    // depends on how many requests arrive before a replica answers; after
+    // it, none: a filter still asking the frozen replica kept falling back
+    // (54 of 100 requests before the fix).
     let clients = 4;
-    let failed = burst(&url, clients, Duration::from_secs(3), plain_chat).await;
-    let fallbacks = first.envoy_stat(LOCAL_FALLBACKS).await.unwrap_or(0) - fell_back;
+    let mut failed = burst(&url, clients, Duration::from_millis(1500), plain_chat).await;
+    let settling = first.envoy_stat(LOCAL_FALLBACKS).await.unwrap_or(0) - fell_back;
+    failed.extend(burst(&url, clients, Duration::from_millis(1500), plain_chat).await);
+    let after = first.envoy_stat(LOCAL_FALLBACKS).await.unwrap_or(0) - fell_back - settling;
     let by_live = live.metric("sgl_router_requests_total").await - live_routed;
     let logs = first.envoy_log();
     assert!(frozen.signal_control_plane("CONT"));
     eprintln!(
-        "sessions {sessions:?} before; frozen: {fallbacks} requests routed by the filter alone, {by_live} by the live replica ({served} served before)"
+        "sessions {sessions:?} before; frozen: {settling} requests routed by the filter alone in the first 1.5 s, {after} after, {by_live} by the live replica ({served} served before)"
     );
     assert!(failed.is_empty(), "{failed:?}\n{logs}");
     assert!(by_live >= 50.0, "the live replica routed {by_live}\n{logs}");
-    // Each VM on the frozen replica: a question per client in flight when
-    // it froze, and as many calls sent to it while the next stream opens.
-    let bound = 2 * clients as u64 * sessions[0].max(sessions[1]) as u64;
+    assert_eq!(
+        after, 0,
+        "requests still routed by the filter alone 1.5 s after the freeze ({settling} before); the live replica routed {by_live}\n{logs}"
+    );
+    // A short window's worth, not a share of the traffic: the requests
+    // of at most 300 ms of the 3 s (they scale alike with the machine's
+    // speed; 11 to 19 of about 3000 measured here, 9 in CI).
     assert!(
-        fallbacks <= bound,
-        "{fallbacks} requests routed by the filter alone (at most {bound}); the live replica routed {by_live}\n{logs}"
+        settling * 10 <= by_live as u64,
+        "{settling} requests routed by the filter alone, more than a tenth of the live replica's {by_live}\n{logs}"
     );
 }
