@@ -256,7 +256,16 @@ async fn with_a_slow_prefill(
     })
     .to_string();
     let request = stack.post_spawned("/v1/chat/completions", body);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Returned once the prefill runs, not after a fixed time that a slow
+    // machine may end before the control plane sent it.
+    let prefill = &stack.prefills[0];
+    assert!(
+        wait_until(Duration::from_secs(2), || async {
+            prefill.stats().await["in_flight"].as_u64() > Some(0)
+        })
+        .await,
+        "the prefill never started"
+    );
     (stack, request)
 }
 

@@ -64,18 +64,20 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
     second.wait_fleet_of(&first).await;
     all_served(&second, 4, "through the second").await;
 
-    // Added through the first: the second routes to it within a second.
+    // Added through the first: the second soon routes to it (the store
+    // syncs every 50 ms; 5 s leaves room for a busy machine, and the time it
+    // took is printed).
     let extra = SimWorker::start(&first.dir, &[]).await.unwrap();
     let added = Instant::now();
     let body = json!({ "url": extra.url });
     assert_eq!(admin(&first, "/workers", Some(body)).await, 202);
-    let reached = wait_until(Duration::from_secs(1), || async {
+    let reached = wait_until(Duration::from_secs(5), || async {
         second.post("/generate", GEN).await.status() == 200 && extra.served().await > 0
     })
     .await;
     assert!(
         reached,
-        "the second control plane did not route to a worker added through the first within 1 s:\n{}",
+        "the second control plane did not route to a worker added through the first within 5 s:\n{}",
         second.control_plane_log()
     );
     eprintln!(
@@ -83,10 +85,10 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
         added.elapsed()
     );
 
-    // Removed through the second: the first stops listing it within 1 s.
+    // Removed through the second: the first soon stops listing it.
     let path = format!("/remove_worker?url={}", extra.url);
     assert_eq!(admin(&second, &path, None).await, 200);
-    let gone = wait_until(Duration::from_secs(1), || async {
+    let gone = wait_until(Duration::from_secs(5), || async {
         !lists(&first, &extra.url).await
     })
     .await;
@@ -111,7 +113,7 @@ async fn workers_changed_through_one_control_plane_reach_the_other() {
             .await,
         "the restarted control plane does not list the worker added while it was down"
     );
-    let settled = wait_until(Duration::from_secs(1), || async {
+    let settled = wait_until(Duration::from_secs(5), || async {
         !lists(&second, &dropped).await
     })
     .await;

@@ -39,7 +39,8 @@ use sglang_envoy_e2e::{burst, wait_until, FrontDoor, PdOptions, SimWorker, Stack
 /// stalled or failed would serve none.
 const SERVED_IN_TEN_SECONDS: u64 = 200;
 /// PD requests served during the 5 s outage through the wasm filter, at
-/// least (3 clients; each request is two exchanges and a KV handshake).
+/// least (3 clients; each request is two exchanges and a KV handshake); on
+/// a machine that served fewer a second before the outage, that many.
 const PD_SERVED_IN_FIVE_SECONDS: u64 = 50;
 
 /// Envoy's count of connections opened (or tried) to the control plane.
@@ -397,6 +398,9 @@ async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
     stack.kill_control_plane();
     let killed_at = std::time::Instant::now();
     let before = ok.load(Ordering::Relaxed);
+    // What the clients got through per second before the outage: the
+    // outage's bound scales with it (a slower machine serves fewer).
+    let rate_before = before as f64 / (killed_at - load_started).as_secs_f64();
     let fetched_before = stack.decodes[0].stats().await["kv_fetched"]
         .as_u64()
         .unwrap_or(0);
@@ -462,9 +466,13 @@ async fn pd_fleet_keeps_serving_while_the_control_plane_is_down() {
         failures.len(),
         &failures[..failures.len().min(3)]
     );
+    // Up to the three clients may wait out a KV timeout (3 s of the 5);
+    // a fifth of the rate before is still many times what a fallback that
+    // waited for the dead control plane's deadline on each request serves.
+    let least = PD_SERVED_IN_FIVE_SECONDS.min(rate_before as u64).max(10);
     assert!(
-        during >= PD_SERVED_IN_FIVE_SECONDS,
-        "only {during} served during the outage (killed {:?} after the load started); failures: {failures:?}",
+        during >= least,
+        "only {during} served during the outage, under {least} ({rate_before:.0}/s before; killed {:?} after the load started); failures: {failures:?}",
         killed_at - load_started
     );
     // Up to one request per client was already past its handshake at the kill.

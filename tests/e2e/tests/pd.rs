@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use serde_json::{json, Value};
 use sglang_envoy_e2e::{
     expect_openai_error, venv_python, wait_until, FrontDoor, PdOptions, SimWorker, Stack,
@@ -383,9 +384,9 @@ async fn prefill_and_decode_loads_return_to_zero_after_a_burst_with_cancellation
         let url = stack.url("/v1/chat/completions");
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
+            // Those given up on stream, and generate long enough (~200 ms)
+            // to still be in flight when the client hangs up.
             let give_up = i % 4 == 0;
-            // Those given up on generate long enough (~200 ms) to still be
-            // in flight when the client hangs up.
             let tokens = if give_up { 2000 } else { 20 };
             let req = client
                 .post(url)
@@ -393,8 +394,11 @@ async fn prefill_and_decode_loads_return_to_zero_after_a_burst_with_cancellation
                 .body(chat(&format!("burst {i}"), tokens, i % 2 == 0))
                 .send();
             if give_up {
-                // Give up mid-flight.
-                let _ = tokio::time::timeout(Duration::from_millis(50), req).await;
+                // Hang up once the answer has started (not at a fixed time,
+                // which a slow machine may place before the request left):
+                // mid-stream, whatever the machine's speed.
+                let r = req.await.ok()?;
+                let _ = r.bytes_stream().next().await;
                 None
             } else {
                 // Read to the end: these finish, they are not hang-ups.

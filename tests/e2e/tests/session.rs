@@ -164,6 +164,7 @@ async fn ten_thousand_answers_each_reach_the_request_that_asked() {
     // `manual`: a routing key's first request picks a worker and the key
     // stays there. An answer handed to the wrong request would send that
     // request's key to another key's worker, splitting it (7 times in 8).
+    let stack_started = Instant::now();
     let stack = Stack::start(StackOptions {
         workers: 8,
         policy: "manual".into(),
@@ -203,13 +204,23 @@ async fn ten_thousand_answers_each_reach_the_request_that_asked() {
         .collect()
         .await;
     let elapsed = started.elapsed();
-    // Read at once, with no wait: every end was counted before its client
-    // had the answer.
-    let loads = stack.loads().await;
-    assert!(
-        !loads.is_empty() && loads.iter().all(|(_, l)| *l == 0),
-        "{loads:?}"
-    );
+    // Through the wasm filter, read at once, with no wait: every end was
+    // counted before its client had the answer. ext_proc learns of an end
+    // when Envoy closes its stream, after the client has the answer
+    // (loads_read_zero_right_after_each_answer says more): a short wait.
+    if FrontDoor::current() == FrontDoor::Wasm {
+        let loads = stack.loads().await;
+        assert!(
+            !loads.is_empty() && loads.iter().all(|(_, l)| *l == 0),
+            "{loads:?}"
+        );
+    } else {
+        assert!(
+            stack.wait_loads_zero(Duration::from_secs(5)).await,
+            "{:?}",
+            stack.loads().await
+        );
+    }
 
     let failed = results.iter().filter(|s| **s != 200).count();
     assert_eq!(failed, 0, "{failed} of {REQUESTS} requests failed");
@@ -223,13 +234,18 @@ async fn ten_thousand_answers_each_reach_the_request_that_asked() {
     if FrontDoor::current() == FrontDoor::Wasm {
         // One session per Envoy worker thread, and the questions went on
         // them: the control plane's cluster saw a handful of calls (the
-        // sessions and the worker-list polls), not one per request.
+        // sessions and the worker-list polls, one a second per thread, so
+        // more on a slower machine), not one per request.
         assert_eq!(stack.metric("sgl_router_filter_sessions").await, 4.0);
         let calls = stack
             .envoy_stat("cluster.sglang_control_plane.upstream_rq_total")
             .await
             .unwrap_or(u64::MAX);
-        assert!(calls < 200, "{calls} calls to the control plane");
+        let polls = 4 * (stack_started.elapsed().as_secs() + 2);
+        assert!(
+            calls < polls + 50,
+            "{calls} calls to the control plane ({polls} worker-list polls at most)"
+        );
     }
 }
 
