@@ -17,7 +17,7 @@
 #   scripts/bench.sh --scenarios replicas --update   # its section in docs/
 #
 # Options: --quick, --scenarios overhead,quality,engine,replicas, --only LABEL[,LABEL]
-# (contenders whose label contains one of these), --shapes NAME[,NAME]
+# (contenders whose label contains one of these; =LABEL: exactly that one), --shapes NAME[,NAME]
 # (scenario 2's and the replicas scenario's shapes whose name contains one),
 # --out FILE, --update (with --scenarios quality: replace scenario 2 and its
 # goals in docs/benchmarks.md; with replicas: replace or add its section;

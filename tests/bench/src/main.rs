@@ -50,7 +50,10 @@ struct Cli {
     )]
     scenarios: Vec<Scenario>,
     /// Only contenders whose label contains one of these (comma-separated),
-    /// e.g. `cache_aware` or `ours`; `direct` always runs in scenario 1.
+    /// e.g. `cache_aware` or `ours`, or is exactly one written after `=`
+    /// (`=ours cost_aware`: the shipped policy without the tuning
+    /// candidates whose labels start the same); `direct` always runs in
+    /// scenario 1.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Repository root.
@@ -271,7 +274,10 @@ async fn main() -> anyhow::Result<()> {
         cli.only.is_empty()
             || **c == sglang_envoy_bench::params::Contender::Direct
             || **c == sglang_envoy_bench::params::Contender::EnvoyAlone
-            || cli.only.iter().any(|o| c.label().contains(o.as_str()))
+            || cli.only.iter().any(|o| match o.strip_prefix('=') {
+                Some(exact) => c.label() == exact,
+                None => c.label().contains(o.as_str()),
+            })
     };
     let mut inputs = Inputs::default();
 
