@@ -28,6 +28,7 @@ pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
             max_tree_size: args.max_tree_size,
             min_match: MIN_MATCH,
             queue_weight: args.cost_queue_weight,
+            spill_gate: args.cost_spill_gate,
         })),
         PolicyKind::Bucket => Arc::new(Bucket::new(BucketConfig {
             adjust_every: Duration::from_secs(args.bucket_adjust_interval_secs),

@@ -127,6 +127,11 @@ pub struct Args {
     #[arg(long, default_value_t = policy::QUEUE_WEIGHT)]
     pub cost_queue_weight: f64,
 
+    /// cost_aware: pass over a worker far above the fleet's mean of requests
+    /// in flight, however cheap its cache makes it (true or false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub cost_spill_gate: bool,
+
     /// smg's prefix_hash and least_load tuning.
     #[command(flatten)]
     pub smg_policies: SmgPolicyFlags,

@@ -28,6 +28,10 @@ pub struct CostAwareConfig {
     /// a KV page (a token is ~4 bytes), and following them would pile
     /// unrelated prompts onto one worker's cache for no saving.
     pub min_match: usize,
+    /// Whether a worker far above the fleet's mean of requests in flight is
+    /// passed over, however cheap its cache makes it (`spill_gate.rs`;
+    /// only where the tree's estimate, not KV events, gives the matches).
+    pub spill_gate: bool,
 }
 
 /// Default of [`CostAwareConfig::min_match`]: a few tokens.
@@ -51,6 +55,7 @@ impl Default for CostAwareConfig {
             max_tree_size: MAX_TREE_SIZE,
             queue_weight: QUEUE_WEIGHT,
             min_match: MIN_MATCH,
+            spill_gate: true,
         }
     }
 }
@@ -194,7 +199,7 @@ impl Policy for CostAware {
             // over, however cheap its cache makes it (`spill_gate.rs`).
             // Not where KV events give the exact matches: there, behind two
             // routers, it measured worse (docs/cost-aware-policy.md).
-            if input.exact.is_none() {
+            if self.config.spill_gate && input.exact.is_none() {
                 let limit = spill_gate::limit(keys.iter().map(|k| k.1));
                 for key in keys.iter_mut().filter(|k| k.1 as f64 > limit) {
                     key.0 = u64::MAX;
@@ -510,6 +515,25 @@ mod tests {
         assert!(
             held[6].0.work > held[7].0.work,
             "the spill prefilled the prefix once"
+        );
+    }
+
+    #[test]
+    fn without_the_spill_gate_a_warm_worker_keeps_its_group() {
+        let p = CostAware::new(CostAwareConfig {
+            spill_gate: false,
+            ..CostAwareConfig::default()
+        });
+        let ws = workers(4);
+        let prefix = "a long shared system prompt of one hot group ".repeat(50);
+        let mut held = Vec::new();
+        for i in 0..12 {
+            held.push(pick_sent(&p, &ws, &format!("{prefix} turn {i}")));
+        }
+        let home = held[0].0.index;
+        assert!(
+            held.iter().all(|(s, _)| s.index == home),
+            "twelve in flight on one worker, by price alone"
         );
     }
 
