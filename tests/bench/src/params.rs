@@ -155,6 +155,8 @@ pub const QUALITY_CANDIDATES: &[Contender] = &[
     Contender::ours("cost_aware --disable-load-monitoring"),
     // Its tree alone where workers publish KV events ("drifting caches").
     Contender::ours("cost_aware --disable-kv-events"),
+    // Without the spill gate: priced by work alone.
+    Contender::ours("cost_aware --cost-spill-gate false"),
 ];
 
 /// Seeds of scenario 2: every cell runs once per seed (workload text,
