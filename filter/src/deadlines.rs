@@ -49,6 +49,11 @@ impl<K: Copy + Ord + Hash, V> Deadlines<K, V> {
         self.entries.get(&key).map(|(_, value)| value)
     }
 
+    /// Every entry.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.entries.iter().map(|(key, (_, value))| (key, value))
+    }
+
     /// Every entry, to change its value (not its deadline).
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
         self.entries

@@ -244,6 +244,7 @@ impl RootContext for Root {
         self.time_out_questions();
         self.time_out_bodies();
         self.time_out_holds();
+        session::keep_tick(&self.shared.session, None);
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

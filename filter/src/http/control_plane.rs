@@ -167,6 +167,7 @@ impl Request {
             // Kept by the session until answered, to send again if the
             // stream breaks first.
             if session.ask(self.context_id, ticket, up.encode_to_vec(), now, deadline) {
+                crate::session::keep_tick(session, Some(self.context_id));
                 self.hold(Hold::Request, self.route_timeout());
                 return Flow::Wait;
             }

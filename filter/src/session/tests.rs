@@ -447,3 +447,32 @@ fn an_unanswered_opening_is_given_up_and_the_next_try_goes() {
     assert!(s.closed(9, at(5220)).is_empty());
     assert!(s.due(at(5220)), "the next quick try at once");
 }
+
+#[test]
+fn the_root_ticks_fast_only_while_questions_wait_for_a_stream_to_open() {
+    let s = Session::fake(1);
+    let tick = Duration::from_millis(20);
+    s.set_tick(tick);
+    assert_eq!(s.retick(), None, "nothing waits");
+    // A VM's first question waits for the stream its next tick opens.
+    assert!(s.ask(11, 100, b"q".to_vec(), at(0), at(500)));
+    assert_eq!(s.retick(), Some(FAST_TICK));
+    assert_eq!(s.retick(), None, "set once");
+    s.opened(7, at(1));
+    assert_eq!(s.retick(), None, "still waiting for the opening's answer");
+    // Up: the tick after sends the question, and the tick slows down.
+    assert_eq!(confirm(&s, 7).len(), 1);
+    assert_eq!(s.retick(), Some(tick));
+    // A question asked on a stream that is up waits for no tick.
+    assert!(s.ask(12, 101, b"q".to_vec(), at(2), at(500)));
+    assert_eq!(s.retick(), None);
+}
+
+#[test]
+fn a_tick_longer_than_a_first_wait_never_ticks_fast() {
+    // Questions take calls of their own: none waits for the stream.
+    let s = Session::fake(1);
+    s.set_tick(Duration::from_secs(60));
+    assert!(!s.ask(11, 100, b"q".to_vec(), at(0), at(500)));
+    assert_eq!(s.retick(), None);
+}

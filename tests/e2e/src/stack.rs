@@ -265,20 +265,7 @@ impl Stack {
             let ports = [port, envoy_admin, grpc_port, admin_port];
             render_template(&opts, &config_path, &wasm, ports)?;
         }
-        let envoy = Proc::spawn(
-            "envoy",
-            &envoy_bin(),
-            &[
-                "-c".into(),
-                config_path.display().to_string(),
-                "--concurrency".into(),
-                opts.envoy_concurrency.to_string(),
-                "--disable-hot-restart".into(),
-                "--log-level".into(),
-                std::env::var("E2E_ENVOY_LOG").unwrap_or("warn".into()),
-            ],
-            &dir,
-        )?;
+        let envoy = spawn_envoy("envoy", &dir, opts.envoy_concurrency)?;
         let stack = Stack {
             workers,
             prefills,
@@ -526,6 +513,19 @@ impl Stack {
         self.envoy.kill();
     }
 
+    /// Stops Envoy and starts a fresh one on the same configuration: its
+    /// filter VMs have served nothing yet. Waits until its admin says it
+    /// is ready (which sends nothing through the filter).
+    pub async fn restart_envoy(&mut self) -> anyhow::Result<()> {
+        self.envoy.kill();
+        self.envoy = spawn_envoy("envoy-2", &self.dir, self.envoy_concurrency)?;
+        let ready = format!("{}/ready", self.envoy_admin);
+        if !wait_until(Duration::from_secs(30), || ok(&ready)).await {
+            bail!("Envoy did not restart:\n{}", self.envoy.log());
+        }
+        Ok(())
+    }
+
     /// Sends signal `name` (`STOP`, `CONT`) to the control plane.
     pub fn signal_control_plane(&self, name: &str) -> bool {
         self.cp.signal(name)
@@ -572,6 +572,24 @@ impl Stack {
     pub fn control_plane_log(&self) -> String {
         self.cp.log()
     }
+}
+
+/// Envoy (as `name`) on the configuration written in `dir`.
+fn spawn_envoy(name: &str, dir: &Path, concurrency: usize) -> anyhow::Result<Proc> {
+    Proc::spawn(
+        name,
+        &envoy_bin(),
+        &[
+            "-c".into(),
+            dir.join("envoy.yaml").display().to_string(),
+            "--concurrency".into(),
+            concurrency.to_string(),
+            "--disable-hot-restart".into(),
+            "--log-level".into(),
+            std::env::var("E2E_ENVOY_LOG").unwrap_or("warn".into()),
+        ],
+        dir,
+    )
 }
 
 /// `(worker url, load)` from the `/get_loads` document at `url`.
