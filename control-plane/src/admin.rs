@@ -385,13 +385,16 @@ async fn get_loads(State(s): State<AdminState>) -> Response {
         .iter()
         // `load` is this router's own count (it returns to zero when every
         // request it sent has ended); `engine_load` the worker's last
-        // report (null without one); `routing_load` what policies compare.
+        // report (null without one); `routing_load` what policies compare;
+        // `queued_prefill_bytes` the prompt bytes of requests in flight not
+        // yet prefilled there, as `cost_aware` estimates them.
         .map(|w| {
             json!({
                 "worker": w.url,
                 "load": w.load(),
                 "engine_load": w.engine.reported(),
                 "routing_load": w.routing_load(),
+                "queued_prefill_bytes": w.pending_work(),
             })
         })
         .collect();

@@ -179,9 +179,10 @@ impl FilterSession {
         }
     }
 
-    /// A request ended: its load is released.
+    /// A request ended: its load is released (or, `outcome_only` and
+    /// `prefilled`, not yet).
     fn end(&mut self, c: &Completion) {
-        if !c.outcome_only {
+        if !c.outcome_only && !c.prefilled {
             self.open.remove(&c.ticket);
         }
         self.engine.report(c);

@@ -121,6 +121,12 @@ impl Counted {
         self
     }
 
+    /// Its worker has prefilled it: its work leaves the worker's queue,
+    /// once; its load stays until it ends.
+    pub fn prefilled(&mut self) {
+        self.worker.prefilled(std::mem::take(&mut self.work));
+    }
+
     /// This request, expected to find `tokens` cached on its worker.
     pub fn with_prediction(mut self, tokens: Option<u64>) -> Counted {
         self.predicted_cached = tokens;
@@ -191,6 +197,21 @@ impl Tickets {
         match slot.value_mut() {
             Slot::Open { counted, .. } => Some(std::mem::take(&mut counted.plan)),
             Slot::Ended { .. } => None,
+        }
+    }
+
+    /// Open `ticket`'s worker has prefilled it ([`Counted::prefilled`]).
+    /// False when the ticket is not open here.
+    pub fn prefilled(&self, ticket: u64) -> bool {
+        let Some(mut slot) = self.slots.get_mut(&ticket) else {
+            return false;
+        };
+        match slot.value_mut() {
+            Slot::Open { counted, .. } => {
+                counted.prefilled();
+                true
+            }
+            Slot::Ended { .. } => false,
         }
     }
 
@@ -276,6 +297,28 @@ mod tests {
         );
         assert!(t.close(7).is_none());
         assert_eq!(t.open_count(), 0);
+    }
+
+    #[test]
+    fn a_prefilled_request_keeps_its_load_but_not_its_work() {
+        let t = Tickets::default();
+        let w = workers(1).remove(0);
+        assert!(t.open(3, Counted::start(w.clone(), 500, None)));
+        assert!(t.open(4, Counted::start(w.clone(), 70, None)));
+        assert!(t.prefilled(3));
+        assert_eq!((w.load(), w.own_work()), (2, 70));
+        // Reported twice (a retry of the report): taken off once.
+        assert!(t.prefilled(3));
+        assert_eq!(w.own_work(), 70);
+        assert!(!t.prefilled(99), "not open here");
+        drop(t.close(3));
+        assert_eq!(
+            (w.load(), w.own_work()),
+            (1, 70),
+            "its end takes no work twice"
+        );
+        drop(t.close(4));
+        assert_eq!((w.load(), w.own_work()), (0, 0));
     }
 
     #[test]

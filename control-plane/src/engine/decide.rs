@@ -40,6 +40,8 @@ struct Choice {
     prefill: Option<FollowPrefill>,
     /// The cached tokens the chosen worker should report (KV events).
     predicted: Option<u64>,
+    /// Ask for the report that the worker's prefill ended.
+    report_prefilled: bool,
 }
 
 /// An error answer for the client.
@@ -164,6 +166,7 @@ impl Engine {
                 .collect(),
             prefill: c.prefill,
             report_cached_tokens: c.predicted.is_some(),
+            report_prefilled: c.report_prefilled,
         })
     }
 
@@ -207,6 +210,7 @@ impl Engine {
                 stream: false,
                 prefill: None,
                 predicted: None,
+                report_prefilled: false,
             });
         }
         let Some(route) = Route::from_path(&req.path) else {
@@ -261,6 +265,11 @@ impl Engine {
             stream: req.stream,
             prefill: None,
             predicted,
+            // A stream's first bytes end its prefill; a whole answer's
+            // come at its end, which is reported anyway.
+            report_prefilled: req.stream
+                && selection.work > 0
+                && self.policies.regular.prices_queued_prefill(),
         })
     }
 
@@ -343,6 +352,8 @@ impl Engine {
                 outcome_follows: false,
             }),
             predicted: None,
+            // The prefill half's own end takes its work off its worker.
+            report_prefilled: false,
         })
     }
 

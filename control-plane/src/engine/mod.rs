@@ -327,9 +327,16 @@ impl Engine {
     /// What a front door reports of a request, whichever front door and
     /// however it came (the filter's session or `Complete` call, an
     /// ext_proc stream): what its answer says of the workers tried
-    /// (`outcome_only`), or its end, which releases its load. A worker an
+    /// (`outcome_only`), that its worker has prefilled it (`prefilled`),
+    /// or its end, which releases its load. A worker an
     /// attempt failed on is checked at once. Returns those workers.
     pub fn report(&self, c: &Completion) -> Vec<Arc<Worker>> {
+        if c.prefilled {
+            // Not the end: the worker is done prefilling it. A ticket
+            // another control plane counted is left to its end there.
+            self.tickets.prefilled(c.ticket);
+            return Vec::new();
+        }
         let failed = if c.outcome_only {
             self.record_outcome(c)
         } else {

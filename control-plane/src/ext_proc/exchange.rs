@@ -112,8 +112,16 @@ impl Exchange {
                 None => send(reply(Out::RequestTrailers(TrailersResponse::default()))),
             },
             Some(In::ResponseHeaders(h)) => self.on_response_headers(h),
-            Some(In::ResponseBody(b)) if self.duplex.response => self.on_duplex_response_body(b),
-            Some(In::ResponseBody(b)) => send(self.on_response_body(b)),
+            Some(In::ResponseBody(b)) => {
+                if let Some(prefilled) = self.lc.on_response_bytes(b.body.len()) {
+                    self.engine.report(&prefilled);
+                }
+                if self.duplex.response {
+                    self.on_duplex_response_body(b)
+                } else {
+                    send(self.on_response_body(b))
+                }
+            }
             Some(In::ResponseTrailers(_)) => {
                 self.lc.on_response_end();
                 let mut replies = Vec::new();

@@ -321,9 +321,14 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        let fresh = size.saturating_sub(self.response_held);
+        if let Some(prefilled) = self.lc.on_response_bytes(fresh) {
+            // Rides up with the session's next message; lost with the
+            // session, as the request's end then releases the work.
+            let _ = self.shared.session.report_end(self.context_id, prefilled);
+        }
         // Envoy's buffer starts with what we held back before.
         let chunk = if self.lc.needs_response_bytes() {
-            let fresh = size.saturating_sub(self.response_held);
             self.get_http_response_body(self.response_held, fresh)
                 .unwrap_or_default()
         } else {

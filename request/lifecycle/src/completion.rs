@@ -55,6 +55,7 @@ impl EndFacts {
             attempts: self.attempts,
             outcome_only,
             cached_tokens: known.cached_tokens,
+            prefilled: false,
         }
     }
 }

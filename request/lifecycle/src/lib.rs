@@ -24,6 +24,7 @@ pub mod headers;
 mod lifecycle;
 mod mode;
 pub mod names;
+mod prefill_end;
 mod question;
 pub mod random;
 mod reply;

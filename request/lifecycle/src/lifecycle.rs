@@ -16,6 +16,7 @@ use crate::client_key::ClientKey;
 use crate::completion::{EndFacts, Known};
 use crate::front_door::{RequestHead, ResponseHead, Settings, Source};
 use crate::mode::Mode;
+use crate::prefill_end::PrefillEnd;
 use crate::question::{Answer, Question, Routed, Unrouted};
 use crate::reply::LocalReply;
 use crate::steps::{
@@ -86,6 +87,8 @@ pub struct Lifecycle {
     layout: Option<Layout>,
     /// The decision asked for the cached tokens the worker reports.
     cached: Option<CachedTokensWatch>,
+    /// Whether the end of the worker's prefill is to be reported.
+    prefill_end: PrefillEnd,
 }
 
 impl Lifecycle {
@@ -112,6 +115,7 @@ impl Lifecycle {
             response_done: false,
             layout: None,
             cached: None,
+            prefill_end: PrefillEnd::Unwatched,
         }
     }
 
@@ -420,6 +424,7 @@ impl Lifecycle {
         self.cached = decision
             .report_cached_tokens
             .then(|| CachedTokensWatch::new(false));
+        self.prefill_end = PrefillEnd::asked(decision.report_prefilled);
         if decision.endpoints.is_empty() {
             return Step::Reply(self.refuse(LocalReply::new(
                 503,
@@ -481,6 +486,7 @@ impl Lifecycle {
             };
         };
         let mut step = answer.on_head(head);
+        self.prefill_end = self.prefill_end.on_head(head);
         self.cached = self
             .cached
             .take()
@@ -540,6 +546,18 @@ impl Lifecycle {
             State::Upstream(answer) => answer.on_body(chunk, end),
             _ => BodyStep::Pass,
         }
+    }
+
+    /// `size` bytes of the answer's body arrived (before
+    /// [`Lifecycle::on_response_body`] is shown them, if it is). The first
+    /// bytes of a 2xx stream whose decision asked for it return the report
+    /// that the worker's prefill of the request is done: a worker streams
+    /// nothing before its first token. Once.
+    pub fn on_response_bytes(&mut self, size: usize) -> Option<Completion> {
+        if self.load != Load::Counted {
+            return None;
+        }
+        self.prefill_end.on_bytes(size, self.ticket)
     }
 
     /// The lifecycle must be shown the answer's bytes (to merge into them);

@@ -89,6 +89,9 @@ pub struct Routed {
     /// Read the cached tokens the worker reports and send them with the
     /// request's end (the control plane's KV-event self-check).
     pub report_cached_tokens: bool,
+    /// Report when the answer's first bytes arrive (the worker's prefill
+    /// of the request is done): [`crate::Lifecycle::on_response_bytes`].
+    pub report_prefilled: bool,
 }
 
 /// PD: what to do with the prefill half the engine sent.

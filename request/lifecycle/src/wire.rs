@@ -87,6 +87,7 @@ pub fn answer_of(response: RouteResponse) -> Answer {
                 outcome_follows: d.prefill_follows,
             }),
             report_cached_tokens: d.report_cached_tokens,
+            report_prefilled: d.report_prefilled,
         }),
         Some(Outcome::Rejection(r)) => Err(Unrouted::Rejected(
             LocalReply::new(status_of(r.http_status), &r.error_type, r.message)
@@ -119,6 +120,7 @@ pub fn response_of(answer: Answer) -> RouteResponse {
                 .map(|(name, value)| Header { name, value })
                 .collect(),
             report_cached_tokens: r.report_cached_tokens,
+            report_prefilled: r.report_prefilled,
             prefill_follows: r.prefill.is_some_and(|p| p.outcome_follows),
         }),
         Err(Unrouted::Rejected(reply)) => Outcome::Rejection(Rejection {
@@ -162,6 +164,7 @@ mod tests {
                     outcome_follows: true,
                 }),
                 report_cached_tokens: true,
+                report_prefilled: true,
             }),
             Err(Unrouted::Rejected(LocalReply::new(
                 429,

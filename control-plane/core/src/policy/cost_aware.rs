@@ -241,6 +241,10 @@ impl Policy for CostAware {
         true
     }
 
+    fn prices_queued_prefill(&self) -> bool {
+        true
+    }
+
     fn learn(&self, worker: &Worker, text: &[u8]) {
         if !text.is_empty() {
             self.tree.insert(text, worker.tenant);
@@ -304,7 +308,7 @@ mod tests {
         p.learn(&ws[2], prompt.as_bytes());
         let s = pick(&p, &ws, &format!("{prompt} and a question"));
         assert_eq!((s.index, s.cache), (2, CacheOutcome::Hit));
-        assert!(p.keeps_tree());
+        assert!(p.keeps_tree() && p.prices_queued_prefill());
     }
 
     #[test]

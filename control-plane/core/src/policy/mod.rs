@@ -96,6 +96,12 @@ pub trait Policy: Send + Sync {
     fn keeps_tree(&self) -> bool {
         false
     }
+    /// Whether the policy prices the prefill queued on each worker
+    /// ([`crate::workers::Worker::pending_work`]): a request's work should
+    /// then leave the queue when its prefill ends, not when it does.
+    fn prices_queued_prefill(&self) -> bool {
+        false
+    }
     /// Another control plane sent `text` to `worker`: a policy with a tree
     /// records it as it records its own choices.
     fn learn(&self, _worker: &Worker, _text: &[u8]) {}

@@ -65,6 +65,47 @@ fn sse_is_watched_to_its_end_and_a_hang_up_is_a_cancel() {
 }
 
 #[test]
+fn the_first_bytes_of_a_stream_report_its_prefill_done_once_when_asked() {
+    // (asked, head): whether a report comes with the first bytes.
+    let failed = ResponseHead {
+        status: 503,
+        ..ok_head(true)
+    };
+    for (asked, head, reports) in [
+        (true, ok_head(true), true),
+        (false, ok_head(true), false),
+        // A whole JSON answer's bytes come at its end: the end tells.
+        (true, ok_head(false), false),
+        (true, failed, false),
+    ] {
+        let mut lc = asked_lifecycle(asked);
+        let _ = lc.on_response_head(head, upstream);
+        assert_eq!(lc.on_response_bytes(0), None, "no bytes yet");
+        let first = lc.on_response_bytes(17);
+        assert_eq!(first.is_some(), reports, "asked {asked} head {head:?}");
+        if let Some(c) = first {
+            assert_eq!((c.ticket, c.prefilled, c.outcome_only), (7, true, false));
+        }
+        assert_eq!(lc.on_response_bytes(30), None, "once");
+        // The end still comes, and releases the load.
+        let end = lc.end(upstream).unwrap();
+        assert!(!end.prefilled);
+    }
+}
+
+/// A request sent on by a decision that did or did not ask for the
+/// prefill's end.
+fn asked_lifecycle(report_prefilled: bool) -> Lifecycle {
+    let mut lc = asked(false);
+    let mut d = decision(false, false);
+    if let Ok(r) = &mut d {
+        r.report_prefilled = report_prefilled;
+    }
+    assert!(matches!(lc.on_answer(d, &client()), Step::Forward(_)));
+    lc
+}
+
+#[test]
 fn the_cached_tokens_reported_go_with_the_end_when_asked_for() {
     for (want, sse) in [(true, false), (true, true), (false, false)] {
         let mut lc = asked(false);

@@ -73,6 +73,7 @@ fn decision(pd: bool, merge: bool) -> Answer {
             outcome_follows: false,
         }),
         report_cached_tokens: false,
+        report_prefilled: false,
     })
 }
 
