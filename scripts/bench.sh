@@ -23,6 +23,8 @@
 # goals in docs/benchmarks.md; with replicas: replace or add its section;
 # keeping the rest, which says which run it came from), --seeds N and
 # --held-out-seeds N (scenario 2 and replicas with only the first N seeds).
+# SGLANG_BENCH_TRACE_DIR=DIR writes a per-request TSV of each scenario 2 cell
+# there (tests/bench/src/trace.rs), to see why two policies' percentiles differ.
 # Every parameter is in tests/bench/src/params.rs.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"

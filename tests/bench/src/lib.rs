@@ -22,4 +22,5 @@ pub mod scenarios;
 pub mod shapes;
 pub mod sse;
 pub mod stats;
+pub mod trace;
 pub mod workload;

@@ -317,6 +317,9 @@ async fn cell(
     for run in futures::future::join_all(runs).await {
         outcomes.extend(run?.0);
     }
+    if n == 1 {
+        crate::trace::write(shape.name, seed, &c.label(), schedule, &outcomes);
+    }
     if let Some(f) = flush {
         f.abort();
     }
