@@ -20,9 +20,10 @@ pub struct CostAwareConfig {
     pub max_tree_size: usize,
     /// Weight of the work already queued on a worker against the prefill
     /// this request would do there. Queued work is counted until its
-    /// requests end, decode included, so it overstates the real prefill
-    /// queue; below 1 the policy stays longer with workers that hold the
-    /// prefix (more cache hits) before replicating it.
+    /// requests are prefilled (a stream's first bytes) or end (a whole
+    /// answer); it still counts a prefill under way in full. Below 1 the
+    /// policy stays longer with workers that hold the prefix (more cache
+    /// hits) before replicating it.
     pub queue_weight: f64,
     /// Matches shorter than this many bytes count as none: they are under
     /// a KV page (a token is ~4 bytes), and following them would pile

@@ -1,8 +1,8 @@
 //! The spill gate of `cost_aware`: a worker far above the fleet's mean of
 //! requests in flight is passed over while another is not.
 //!
-//! `cost_aware` prices the work queued on a worker in bytes held until each
-//! request ends, at half weight: that keeps prompts with their caches, but a
+//! `cost_aware` prices the work queued on a worker in bytes, at half
+//! weight: that keeps prompts with their caches, but a
 //! worker whose prompts are cheap tails (a hot group's follow-ups) can pile
 //! up requests long before their bytes outweigh a cold prefill elsewhere.
 //! On a fleet of many small units (the benchmark's DP shape: 8 ranks) that
