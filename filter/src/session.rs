@@ -536,14 +536,7 @@ impl Session {
 
 /// The host's [`Sender`].
 fn send_as_root(root: u32, context: u32, token: u32, message: &[u8]) -> bool {
-    if hostcalls::set_effective_context(root).is_err() {
-        return false;
-    }
-    let sent = send_on(token, message);
-    if let Err(e) = hostcalls::set_effective_context(context) {
-        warn!("cannot act for request {context} again: {e:?}");
-    }
-    sent
+    as_root(root, Some(context), || send_on(token, message)).unwrap_or(false)
 }
 
 /// Sets the root's tick to what [`Session::retick`] wants, acting as the
@@ -553,17 +546,29 @@ pub fn keep_tick(session: &Session, context: Option<u32>) {
         return;
     };
     let root = session.0.borrow().root;
-    if context.is_some() && hostcalls::set_effective_context(root).is_err() {
-        return;
-    }
-    if let Err(e) = hostcalls::set_tick_period(period) {
-        warn!("cannot set the tick period: {e:?}");
-    }
-    if let Some(context) = context {
-        if let Err(e) = hostcalls::set_effective_context(context) {
-            warn!("cannot act for request {context} again: {e:?}");
+    as_root(root, context, || {
+        if let Err(e) = hostcalls::set_tick_period(period) {
+            warn!("cannot set the tick period: {e:?}");
         }
+    });
+}
+
+/// Runs `f` as the root context `root` (its stream and its tick are the
+/// root's), then acts for request `context` again; with no `context`, the
+/// root is already the effective context. `None` when the root cannot be
+/// acted as.
+fn as_root<T>(root: u32, context: Option<u32>, f: impl FnOnce() -> T) -> Option<T> {
+    let Some(context) = context else {
+        return Some(f());
+    };
+    if hostcalls::set_effective_context(root).is_err() {
+        return None;
     }
+    let out = f();
+    if let Err(e) = hostcalls::set_effective_context(context) {
+        warn!("cannot act for request {context} again: {e:?}");
+    }
+    Some(out)
 }
 
 /// Sends `message` on stream `token`, acting as whichever context is
