@@ -316,12 +316,12 @@ impl Worker {
     pub fn finish(&self, work: u64, sent: Sent) {
         self.engine.on_ended(sent);
         self.decrement_load();
-        self.prefilled(work);
+        self.release_work(work);
     }
 
-    /// Takes `work` bytes of prefill off the queue of a request still in
-    /// flight: the worker has prefilled it and is decoding.
-    pub fn prefilled(&self, work: u64) {
+    /// Takes `work` bytes of prefill off the worker's queue: a request's
+    /// prefill is done (it decodes on), or the request ended.
+    pub fn release_work(&self, work: u64) {
         let _ = self
             .work
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
