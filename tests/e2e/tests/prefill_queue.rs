@@ -33,10 +33,20 @@ async fn queue(stack: &Stack) -> (u64, u64) {
 
 /// Polls [`queue`] until it reads `want`, for `within` at most.
 async fn wait_queue(stack: &Stack, want: (u64, u64), within: Duration) -> (u64, u64) {
+    wait_queue_until(stack, within, |seen| seen == want).await
+}
+
+/// Polls [`queue`] until `done` says so, for `within` at most; the last
+/// reading.
+async fn wait_queue_until(
+    stack: &Stack,
+    within: Duration,
+    done: impl Fn((u64, u64)) -> bool,
+) -> (u64, u64) {
     let started = Instant::now();
     loop {
         let seen = queue(stack).await;
-        if seen == want || started.elapsed() > within {
+        if done(seen) || started.elapsed() > within {
             return seen;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -91,15 +101,7 @@ async fn a_whole_answer_keeps_its_prefill_queued_until_it_ends() {
             .map(|r| r.status().as_u16())
     });
     // In flight (1.5 s of decode): counted, with its prompt's bytes queued.
-    let started = Instant::now();
-    let mut seen = (0, 0);
-    while started.elapsed() < Duration::from_secs(1) {
-        seen = queue(&stack).await;
-        if seen.0 == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let seen = wait_queue_until(&stack, Duration::from_secs(1), |seen| seen.0 == 1).await;
     assert_eq!(seen.0, 1, "the request is in flight");
     assert!(
         seen.1 >= prompt.len() as u64,
