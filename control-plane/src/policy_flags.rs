@@ -29,6 +29,7 @@ pub fn build(kind: PolicyKind, args: &Args) -> Arc<dyn Policy> {
             min_match: MIN_MATCH,
             queue_weight: args.cost_queue_weight,
             spill_gate: args.cost_spill_gate,
+            prefill_progress: args.cost_prefill_progress,
         })),
         PolicyKind::Bucket => Arc::new(Bucket::new(BucketConfig {
             adjust_every: Duration::from_secs(args.bucket_adjust_interval_secs),

@@ -124,7 +124,7 @@ impl Counted {
     /// Its worker has prefilled it: its work leaves the worker's queue,
     /// once; its load stays until it ends.
     pub fn prefilled(&mut self) {
-        self.worker.release_work(std::mem::take(&mut self.work));
+        self.worker.prefilled(std::mem::take(&mut self.work));
     }
 
     /// This request, expected to find `tokens` cached on its worker.

@@ -132,6 +132,12 @@ pub struct Args {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub cost_spill_gate: bool,
 
+    /// cost_aware: count the prefill under way on a worker only for what is
+    /// left of it, by the pace the worker's prefill reports showed (true or
+    /// false; false counts it in full until its report).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub cost_prefill_progress: bool,
+
     /// smg's prefix_hash and least_load tuning.
     #[command(flatten)]
     pub smg_policies: SmgPolicyFlags,

@@ -157,6 +157,8 @@ pub const QUALITY_CANDIDATES: &[Contender] = &[
     Contender::ours("cost_aware --disable-kv-events"),
     // Without the spill gate: priced by work alone.
     Contender::ours("cost_aware --cost-spill-gate false"),
+    // The prefill under way counted in full until its report.
+    Contender::ours("cost_aware --cost-prefill-progress false"),
 ];
 
 /// Seeds of scenario 2: every cell runs once per seed (workload text,

@@ -1,5 +1,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use dashmap::DashMap;
 
@@ -21,10 +22,14 @@ pub struct CostAwareConfig {
     /// Weight of the work already queued on a worker against the prefill
     /// this request would do there. Queued work is counted until its
     /// requests are prefilled (a stream's first bytes) or end (a whole
-    /// answer); it still counts a prefill under way in full. Below 1 the
-    /// policy stays longer with workers that hold the prefix (more cache
-    /// hits) before replicating it.
+    /// answer). Below 1 the policy stays longer with workers that hold the
+    /// prefix (more cache hits) before replicating it.
     pub queue_weight: f64,
+    /// Whether the prefill under way on a worker counts only for what is
+    /// left of it, by the pace the worker's prefill reports showed
+    /// ([`crate::workers::PrefillQueue`]); else it counts in full until
+    /// its report.
+    pub prefill_progress: bool,
     /// Matches shorter than this many bytes count as none: they are under
     /// a KV page (a token is ~4 bytes), and following them would pile
     /// unrelated prompts onto one worker's cache for no saving.
@@ -57,6 +62,7 @@ impl Default for CostAwareConfig {
             queue_weight: QUEUE_WEIGHT,
             min_match: MIN_MATCH,
             spill_gate: true,
+            prefill_progress: true,
         }
     }
 }
@@ -168,12 +174,27 @@ impl CostAware {
     /// its work. Pricing them at the mean work of this router's requests
     /// was measured worse with two routers in front of one fleet
     /// (docs/cost-aware-policy.md).
-    fn cost(&self, w: &Worker, uncached: u64) -> u64 {
-        let queued = (w.pending_work() as f64 * self.config.queue_weight) as u64;
+    ///
+    /// The work queued is what is left of it at `now` where
+    /// [`CostAwareConfig::prefill_progress`] says so.
+    fn cost(&self, w: &Worker, uncached: u64, now: Option<(Instant, Option<f64>)>) -> u64 {
+        let work = if let Some((now, fleet_pace)) = now {
+            w.remaining_work(now, fleet_pace)
+        } else {
+            w.pending_work()
+        };
+        let queued = (work as f64 * self.config.queue_weight) as u64;
         uncached
             .saturating_add(queued)
             .saturating_add(w.routing_load() as u64 * self.config.per_request_cost)
     }
+}
+
+/// The mean prefill pace of the `workers` that have reported one: the
+/// guess for those that have not.
+fn fleet_pace(workers: &[Arc<Worker>]) -> Option<f64> {
+    let paces: Vec<f64> = workers.iter().filter_map(|w| w.prefill_pace()).collect();
+    (!paces.is_empty()).then(|| paces.iter().sum::<f64>() / paces.len() as f64)
 }
 
 impl Policy for CostAware {
@@ -191,10 +212,17 @@ impl Policy for CostAware {
         let keys: Vec<(u64, usize)> = if self.is_cold(guide) {
             self.cold_keys(workers)
         } else {
+            let now = self
+                .config
+                .prefill_progress
+                .then(|| (Instant::now(), fleet_pace(workers)));
             let mut keys: Vec<(u64, usize)> = workers
                 .iter()
                 .zip(guide)
-                .map(|(w, &m)| (self.cost(w, len.saturating_sub(m as u64)), w.routing_load()))
+                .map(|(w, &m)| {
+                    let uncached = len.saturating_sub(m as u64);
+                    (self.cost(w, uncached, now), w.routing_load())
+                })
                 .collect();
             // A worker far above the mean of requests in flight is passed
             // over, however cheap its cache makes it (`spill_gate.rs`).
@@ -271,6 +299,7 @@ mod tests {
     use super::*;
     use crate::policy::test_support::workers;
     use crate::workers::Sent;
+    use std::time::Duration;
 
     /// The policy with the weights the control plane ships with.
     fn policy() -> CostAware {
@@ -416,6 +445,49 @@ mod tests {
         let next = pick(&p, &ws, &format!("{system} q11"));
         assert_eq!(next.index, moved.index);
         assert!(next.work <= 3);
+    }
+
+    #[test]
+    fn a_prefill_nearly_done_by_the_workers_pace_does_not_replicate_its_prefix() {
+        let ago = |ms: u64| Instant::now().checked_sub(Duration::from_millis(ms));
+        let (Some(t0), Some(t1), Some(t2)) = (ago(1300), ago(1200), ago(1000)) else {
+            return; // a clock too young to hold the past (just booted)
+        };
+        let system = "S".repeat(4000);
+        // Whether the next prompt of the group stays with the holder, when
+        // the worker `teacher` (0: the holder, 1: the other) has shown the
+        // pace and `progress` counts it.
+        let stays = |teacher: usize, progress: bool| {
+            let p = CostAware::new(CostAwareConfig {
+                prefill_progress: progress,
+                ..CostAwareConfig::default()
+            });
+            let ws = workers(2);
+            let first = p.select(&ws, &RouteInput::of_text(format!("{system} q0").as_bytes()));
+            let holder = &ws[first.index];
+            // It prefilled 1000 bytes in 100 ms: 10 bytes per ms.
+            let taught = &ws[(first.index + teacher) % 2];
+            taught.start_at(1000, t0);
+            taught.prefilled_at(1000, t1);
+            // A second ago the holder took the first prompt (400 ms of
+            // prefill at that pace: long done, its report due) and another
+            // 5000 bytes.
+            holder.start_at(first.work, t2);
+            holder.start_at(5000, t2);
+            let next = p.select(&ws, &RouteInput::of_text(format!("{system} q1").as_bytes()));
+            next.index == first.index
+        };
+        assert!(
+            stays(0, true),
+            "what is left is cheaper than a cold prefill"
+        );
+        assert!(
+            stays(1, true),
+            "at its sibling's pace before its own report"
+        );
+        // Counted in full, the first prompt's prefill makes the holder's
+        // queue dearer than prefilling the prompt on the idle worker.
+        assert!(!stays(0, false));
     }
 
     #[test]

@@ -2,6 +2,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use sglang_envoy_body::WireProfile;
 use sglang_envoy_lifecycle::Mode;
@@ -10,7 +11,9 @@ use parking_lot::Mutex;
 
 use crate::routing_key::RoutingKey;
 use crate::tree::TenantId;
-use crate::workers::{Circuit, CircuitState, EngineLoad, Sent, WorkerAddress, WorkerId};
+use crate::workers::{
+    Circuit, CircuitState, EngineLoad, PrefillQueue, Sent, WorkerAddress, WorkerId,
+};
 
 /// What a worker does in the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -185,8 +188,9 @@ pub struct Worker {
     /// The engine's own report of this unit's load (`--load-monitor-interval`).
     pub engine: EngineLoad,
     /// Estimated prefill work (uncached prompt bytes) of the requests in
-    /// flight, for policies that weigh queues by work rather than count.
-    work: AtomicU64,
+    /// flight not yet prefilled, for policies that weigh queues by work
+    /// rather than count.
+    prefill: Mutex<PrefillQueue>,
     /// The other control planes' requests in flight here and their work,
     /// as the fleet store last told (see [`Worker::set_peer_load`]).
     peer_load: AtomicUsize,
@@ -229,7 +233,7 @@ impl Worker {
             learned_model: OnceLock::new(),
             load: AtomicUsize::new(0),
             engine: EngineLoad::default(),
-            work: AtomicU64::new(0),
+            prefill: Mutex::new(PrefillQueue::default()),
             peer_load: AtomicUsize::new(0),
             peer_work: AtomicU64::new(0),
             health,
@@ -308,25 +312,33 @@ impl Worker {
     /// Counts a request in flight with `work` bytes of estimated prefill;
     /// what [`Worker::finish`] takes back.
     pub fn start(&self, work: u64) -> Sent {
-        self.work.fetch_add(work, Ordering::Relaxed);
+        self.start_at(work, Instant::now())
+    }
+
+    /// [`Worker::start`], sent at `now`.
+    pub fn start_at(&self, work: u64, now: Instant) -> Sent {
+        self.prefill.lock().push(work, now);
         self.increment_load()
     }
 
-    /// Counts a request started with `work` (and `sent`) as finished.
+    /// Counts a request started with `work` (and `sent`) as finished; its
+    /// work, if still queued, leaves the queue.
     pub fn finish(&self, work: u64, sent: Sent) {
         self.engine.on_ended(sent);
         self.decrement_load();
-        self.release_work(work);
+        self.prefill.lock().ended(work);
     }
 
-    /// Takes `work` bytes of prefill off the worker's queue: a request's
-    /// prefill is done (it decodes on), or the request ended.
-    pub fn release_work(&self, work: u64) {
-        let _ = self
-            .work
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
-                Some(w.saturating_sub(work))
-            });
+    /// The worker has prefilled a request of `work` bytes (it decodes on):
+    /// the work leaves the queue, and the time it took teaches the
+    /// worker's pace ([`PrefillQueue::prefilled`]).
+    pub fn prefilled(&self, work: u64) {
+        self.prefilled_at(work, Instant::now());
+    }
+
+    /// [`Worker::prefilled`], reported at `now`.
+    pub fn prefilled_at(&self, work: u64, now: Instant) {
+        self.prefill.lock().prefilled(work, now);
     }
 
     /// Counts one more request in flight under routing `key`.
@@ -358,9 +370,24 @@ impl Worker {
             .saturating_add(self.peer_work.load(Ordering::Relaxed))
     }
 
+    /// [`Worker::pending_work`] less what the worker's pace (or, before its
+    /// first report, `fallback`) says it has prefilled of this control
+    /// plane's oldest request by `now` ([`PrefillQueue::remaining`]).
+    pub fn remaining_work(&self, now: Instant, fallback: Option<f64>) -> u64 {
+        self.prefill
+            .lock()
+            .remaining(now, fallback)
+            .saturating_add(self.peer_work.load(Ordering::Relaxed))
+    }
+
+    /// Prefill bytes per second, as this worker's reports showed.
+    pub fn prefill_pace(&self) -> Option<f64> {
+        self.prefill.lock().pace()
+    }
+
     /// Estimated prefill work of this control plane's requests in flight.
     pub fn own_work(&self) -> u64 {
-        self.work.load(Ordering::Relaxed)
+        self.prefill.lock().total()
     }
 
     /// Requests this worker finished since it was added.
