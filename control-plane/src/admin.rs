@@ -387,7 +387,9 @@ async fn get_loads(State(s): State<AdminState>) -> Response {
         // request it sent has ended); `engine_load` the worker's last
         // report (null without one); `routing_load` what policies compare;
         // `queued_prefill_bytes` the prompt bytes of requests in flight not
-        // yet prefilled there, as `cost_aware` estimates them.
+        // yet prefilled there, as `cost_aware` estimates them;
+        // `prefill_bytes_per_s` the pace the worker's prefill reports
+        // showed (null before the first).
         .map(|w| {
             json!({
                 "worker": w.url,
@@ -395,6 +397,7 @@ async fn get_loads(State(s): State<AdminState>) -> Response {
                 "engine_load": w.engine.reported(),
                 "routing_load": w.routing_load(),
                 "queued_prefill_bytes": w.pending_work(),
+                "prefill_bytes_per_s": w.prefill_pace().map(f64::round),
             })
         })
         .collect();

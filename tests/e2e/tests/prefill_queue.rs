@@ -83,6 +83,55 @@ async fn a_streamed_request_leaves_the_prefill_queue_at_its_first_bytes_and_the_
 }
 
 #[tokio::test]
+async fn the_prefill_reports_teach_the_workers_pace() {
+    // 1 ms a token: the prompt's prefill takes a few hundred ms, against
+    // which Envoy's and the router's own milliseconds are small.
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        policy: "cost_aware".into(),
+        worker_args: vec!["--prefill-us-per-token".into(), "1000".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let pace = |loads: &Value| loads["workers"][0]["prefill_bytes_per_s"].as_f64();
+    assert_eq!(
+        pace(&stack.get_json("/get_loads").await),
+        None,
+        "no report yet"
+    );
+    let prompt = "a prompt whose prefill takes its time ".repeat(40);
+    let body = json!({
+        "model": "m", "stream": true, "max_tokens": 4,
+        "messages": [{"role": "user", "content": prompt}],
+    });
+    let sent = Instant::now();
+    let url = stack.url("/v1/chat/completions");
+    let first = tokio::spawn(async move {
+        let r = reqwest::Client::new().post(url).json(&body).send().await?;
+        let mut stream = r.bytes_stream();
+        let first = stream.next().await.transpose()?;
+        let ttft = sent.elapsed();
+        while stream.next().await.is_some() {}
+        Ok::<_, reqwest::Error>((first.is_some(), ttft))
+    });
+    // While it prefills, the work the router counts for it.
+    let (_, work) = wait_queue_until(&stack, Duration::from_secs(1), |seen| seen.1 > 0).await;
+    assert!(work >= prompt.len() as u64 && work < u64::MAX, "{work}");
+    let (streamed, ttft) = first.await.unwrap().unwrap();
+    assert!(streamed);
+    wait_queue(&stack, (0, 0), Duration::from_secs(2)).await;
+    let learned = pace(&stack.get_json("/get_loads").await).unwrap_or(0.0);
+    // The router times the prefill from its decision to the first bytes
+    // Envoy sees: a little less than the client's time to first token.
+    let seen_by_client = work as f64 / ttft.as_secs_f64();
+    assert!(
+        (0.9 * seen_by_client..=1.5 * seen_by_client).contains(&learned),
+        "learned {learned} bytes/s; {work} bytes in {ttft:?} seen by the client"
+    );
+}
+
+#[tokio::test]
 async fn a_whole_answer_keeps_its_prefill_queued_until_it_ends() {
     // Its bytes come at its end: nothing tells its prefill ended sooner.
     let stack = slow_decoding_stack().await;
