@@ -459,7 +459,11 @@ async fn a_worker_busy_with_one_control_planes_requests_is_avoided_by_the_others
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The second control plane counts them once the shared counts reach
-    // it (a sync every 50 ms), not after a fixed time.
+    // it (a sync every 50 ms), not after a fixed time. The first's
+    // requests to the other worker end in milliseconds, but a count
+    // synced before they ended still holds them: wait until the shared
+    // counts show only the busy worker loaded, or "avoided" would weigh
+    // stale loads (it failed so once in CI, through ext_proc).
     let shared = wait_until(Duration::from_secs(5), || async {
         let loads: Value = reqwest::get(second.admin_url("/get_loads"))
             .await
@@ -467,11 +471,12 @@ async fn a_worker_busy_with_one_control_planes_requests_is_avoided_by_the_others
             .json()
             .await
             .unwrap_or_default();
-        loads["workers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|w| w["worker"] == busy.url.as_str() && w["routing_load"].as_u64() > Some(0))
+        let workers = loads["workers"].as_array().cloned().unwrap_or_default();
+        !workers.is_empty()
+            && workers.iter().all(|w| {
+                let loaded = w["routing_load"].as_u64() > Some(0);
+                loaded == (w["worker"] == busy.url.as_str())
+            })
     })
     .await;
     assert!(
