@@ -315,7 +315,13 @@ impl Stack {
             .danger_accept_invalid_certs(stack.base.starts_with("https"))
             .build()?;
         if !wait_until(Duration::from_secs(30), || ok_with(&prober, &probe)).await {
-            bail!("Envoy did not become ready:\n{}", stack.envoy.log());
+            // The stack is dropped with this error, before any panic, so
+            // its directory goes too: the logs that explain it go here.
+            bail!(
+                "Envoy did not become ready:\n{}\n---- last lines of the control plane ----\n{}",
+                stack.envoy.log(),
+                stack.cp.log_tail(40)
+            );
         }
         Ok(stack)
     }
