@@ -230,14 +230,16 @@ impl Policy for CostAware {
             // routers, it measured worse (docs/cost-aware-policy.md).
             if self.config.spill_gate && input.exact.is_none() {
                 let limit = spill_gate::limit(keys.iter().map(|k| k.1));
-                let cheapest = keys.iter().map(|k| k.0).min().unwrap_or_default();
+                // Read for the debug line only: not on every decision.
+                let cheapest = tracing::enabled!(tracing::Level::DEBUG)
+                    .then(|| keys.iter().map(|k| k.0).min().unwrap_or_default());
                 for (w, key) in workers.iter().zip(keys.iter_mut()) {
                     if key.1 as f64 > limit {
                         // Why a warm worker lost a prompt it held (a
                         // replication the price alone would not make).
                         tracing::debug!(
                             worker = %w.url, in_flight = key.1, limit, cost = key.0,
-                            cheapest, queued = w.pending_work(),
+                            cheapest = cheapest.unwrap_or_default(), queued = w.pending_work(),
                             "spill gate passed over a worker"
                         );
                         key.0 = u64::MAX;
