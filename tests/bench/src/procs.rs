@@ -4,7 +4,6 @@
 //! killed when its handle is dropped.
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,10 +37,13 @@ pub struct Paths {
     pub run_dir: PathBuf,
 }
 
-/// A free loopback port (bound then released; a race is possible but rare).
+/// A free loopback port, below the kernel's ephemeral range where the
+/// connections of a run take theirs (`sglang-envoy-ports`).
 pub fn free_port() -> anyhow::Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(l.local_addr()?.port())
+    match sglang_envoy_ports::free_port() {
+        0 => anyhow::bail!("no free loopback port"),
+        port => Ok(port),
+    }
 }
 
 /// The kernel's clock ticks per second (`getconf CLK_TCK`, 100 on Linux).

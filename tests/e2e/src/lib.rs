@@ -25,7 +25,8 @@ mod tls;
 
 pub use burst::burst;
 pub use envoy_config::{EnvoyConfig, EnvoyEnv};
-pub use process::{free_port, Proc};
+pub use process::Proc;
+pub use sglang_envoy_ports::free_port;
 pub use sim_worker::longest_body_received;
 pub use stack::{
     hosts_file_supported, release_bin, venv_python, FrontDoor, PdOptions, SimWorker, Stack,

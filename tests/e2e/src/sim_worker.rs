@@ -7,10 +7,11 @@ use std::time::Duration;
 use anyhow::bail;
 use serde_json::Value;
 
-use crate::process::{free_port, Proc};
+use crate::process::Proc;
 use crate::stack::{get_json_with, ok_with, release_bin};
 use crate::tls::WorkerTls;
 use crate::{wait_until, KV_TIMEOUT_MS};
+use sglang_envoy_ports::free_port;
 
 /// What the simulator prints when its port is taken.
 const PORT_TAKEN: &str = "cannot listen on";

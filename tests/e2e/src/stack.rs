@@ -7,10 +7,11 @@ use serde_json::Value;
 
 use crate::envoy_config::{render_template, EnvoyEnv};
 pub use crate::front_door::FrontDoor;
-use crate::process::{free_port, Proc};
+use crate::process::Proc;
 pub use crate::sim_worker::SimWorker;
 pub use crate::stack_options::{PdOptions, StackOptions, KV_TIMEOUT_MS};
 use crate::{repo_root, wait_until};
+use sglang_envoy_ports::free_port;
 
 static STACKS: AtomicUsize = AtomicUsize::new(0);
 
