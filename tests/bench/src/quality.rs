@@ -278,7 +278,10 @@ async fn cell(
     schedule: &Arc<Vec<workload::Scheduled>>,
 ) -> anyhow::Result<QualityRow> {
     let p = &shape.params;
-    let tag = "quality";
+    // Each cell's logs (its control plane's, its workers') kept apart from
+    // the next seed's and shape's, to be read after the run.
+    let tag = format!("quality-{}-{seed}", shape.name.replace(' ', "_"));
+    let tag = tag.as_str();
     if p.kv_events {
         sglang_envoy_prompt::fixture::write_model_files(&crate::params::kv_model_dir())?;
     }
