@@ -33,6 +33,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use std::future::IntoFuture;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 pub use disagg::{DisaggregationMode, UnknownMode};
@@ -165,11 +166,21 @@ pub async fn serve_tls_with_bootstrap(
     };
     let state = AppState::with_parts(config, kv, tokenizer);
     match tls {
-        None => run(listener, state, bootstrap).await,
+        None => run(listener.tap_io(no_delay), state, bootstrap).await,
         Some(tls) => {
             let listener = TlsListener::new(listener, tls, state.stats.clone())?;
             run(listener, state, bootstrap).await
         }
+    }
+}
+
+/// Sends each write at once, as SGLang's server does (Python's asyncio sets
+/// `TCP_NODELAY` on every TCP connection). Without it a stream's second
+/// chunk waited for the ACK of its first: the 40 ms of a delayed ACK added
+/// to the first content chunk through Envoy (the role chunk goes first).
+pub(crate) fn no_delay(stream: &mut tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::warn!(error = %e, "cannot set TCP_NODELAY");
     }
 }
 
@@ -184,7 +195,7 @@ where
     match bootstrap {
         None => main.await,
         Some(b) => {
-            let bootstrap = axum::serve(b, bootstrap::router(state));
+            let bootstrap = axum::serve(b.tap_io(no_delay), bootstrap::router(state));
             // Either server failing ends the worker.
             tokio::select! {
                 r = main.into_future() => r,

@@ -122,6 +122,8 @@ impl TlsListener {
                         continue;
                     }
                 };
+                let mut stream = stream;
+                crate::no_delay(&mut stream);
                 let (acceptor, tx, stats) = (acceptor.clone(), tx.clone(), stats.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

@@ -25,6 +25,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use clap::Parser;
 use futures::StreamExt;
@@ -109,5 +110,13 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", cli.port))
         .await
         .with_context(|| format!("cannot listen on 127.0.0.1:{}", cli.port))?;
+    // Each write leaves at once, as an SGLang server's do: with Nagle's
+    // algorithm on, an event after the head waited for the router's
+    // delayed ACK (40 ms).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            eprintln!("cannot set TCP_NODELAY: {e}");
+        }
+    });
     axum::serve(listener, app).await.context("server failed")
 }
