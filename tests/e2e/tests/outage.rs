@@ -7,8 +7,9 @@
 //!   4 clients, two workers): through the wasm filter and the ext_proc front
 //!   door alike, no request fails, at least 200 are served while the
 //!   control plane is down, each worker serves at least a quarter of them,
-//!   the wasm filter tries the dead control plane at most 80 times and
-//!   logs at most 80 lines (not once or thrice per request),
+//!   Envoy tries the dead control plane at most 140 times (the filter's
+//!   80 and its EDS streams' 60) and the filter logs at most 80 lines (not
+//!   once or thrice per request),
 //!   and the restarted control plane routes again, knows the worker added at
 //!   run time (from its state file) and counts loads back to zero.
 //! - `pd_fleet_keeps_serving_while_the_control_plane_is_down` (5 s down,
@@ -52,11 +53,16 @@ const CONTROL_PLANE_CONNECTIONS: &str = "cluster.sglang_control_plane.upstream_c
 /// The wasm filter's count of requests it routed itself, in Envoy's stats.
 const LOCAL_FALLBACKS: &str = "wasmcustom.sglang_router_local_fallbacks";
 /// Connections the wasm filter's one VM may try to a dead control plane
-/// in 10 s, at most (43 measured): its session reopens and its probes each back off from
-/// 100 ms to 2 s (9 tries each in 10 s), the worker list is asked every
-/// second (10), and Envoy's own xDS stream retries a few times. A filter
-/// that called once per request would try at least 200 times.
+/// in 10 s, at most (about 40 measured): its session reopens and its probes each back off from
+/// 100 ms to 2 s (9 tries each in 10 s), and the worker list is asked every
+/// second (10). A filter that called once per request would try at least
+/// 200 times.
 const MAX_TRIES_IN_TEN_SECONDS: u64 = 80;
+/// Connections Envoy's own EDS streams (the workers' and the prefill
+/// workers' clusters) may try to a dead control plane in 10 s, at most:
+/// envoy/'s configs reopen each within 1 s (a jittered backoff from 0.1 s),
+/// about 20 tries each. 89 were measured in all, with the filter's.
+const EDS_TRIES_IN_TEN_SECONDS: u64 = 60;
 
 /// Waits until the outage fallback knows the fleet: the wasm filter has
 /// fetched the control plane's list of healthy workers since this call, or
@@ -321,7 +327,7 @@ async fn ten_seconds_without_the_control_plane_fail_no_request() {
         // follow its backoff, not the requests (each of which used to make
         // a call, and write three warnings, of its own).
         assert!(
-            attempts <= MAX_TRIES_IN_TEN_SECONDS,
+            attempts <= MAX_TRIES_IN_TEN_SECONDS + EDS_TRIES_IN_TEN_SECONDS,
             "{attempts} connections tried to the dead control plane while {during} requests were served"
         );
         assert!(

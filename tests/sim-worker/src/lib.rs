@@ -30,10 +30,10 @@ mod wire;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use std::future::IntoFuture;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 pub use disagg::{DisaggregationMode, UnknownMode};
@@ -175,9 +175,9 @@ pub async fn serve_tls_with_bootstrap(
 }
 
 /// Sends each write at once, as SGLang's server does (Python's asyncio sets
-/// `TCP_NODELAY` on every TCP connection). Without it a stream's second
-/// chunk waited for the ACK of its first: the 40 ms of a delayed ACK added
-/// to the first content chunk through Envoy (the role chunk goes first).
+/// `TCP_NODELAY` on every TCP connection). Without it the chunk written
+/// after a stream's head waited for the receiver's ACK of the head: 40 ms
+/// where the receiver delays its ACKs (tests/sockets.rs).
 pub(crate) fn no_delay(stream: &mut tokio::net::TcpStream) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!(error = %e, "cannot set TCP_NODELAY");

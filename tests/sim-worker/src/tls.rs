@@ -113,7 +113,7 @@ impl TlsListener {
         let acceptor = TlsAcceptor::from(config);
         let accepting = tokio::spawn(async move {
             loop {
-                let (stream, peer) = match tcp.accept().await {
+                let (mut stream, peer) = match tcp.accept().await {
                     Ok(accepted) => accepted,
                     Err(e) => {
                         // Out of file descriptors and the like: wait, retry.
@@ -122,7 +122,6 @@ impl TlsListener {
                         continue;
                     }
                 };
-                let mut stream = stream;
                 crate::no_delay(&mut stream);
                 let (acceptor, tx, stats) = (acceptor.clone(), tx.clone(), stats.clone());
                 tokio::spawn(async move {
