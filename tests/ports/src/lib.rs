@@ -14,6 +14,7 @@ use std::sync::Mutex;
 /// simulated workers' ZMQ sockets bound to port 0, come from that range, so
 /// a port drawn there could be taken by one of them before the process it
 /// was meant for binds it (a worker then exits with "cannot listen on").
+/// 0 when 200 draws found none.
 pub fn free_port() -> u16 {
     static ISSUED: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let range = listen_range();
