@@ -10,6 +10,7 @@
 //! worker, and a prefix the worker dropped. The router must follow the
 //! events in both cases.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -35,10 +36,17 @@ fn chat_with(system: &str, question: &str) -> String {
 
 /// A directory with the fixture model's files. Kept: the workers and
 /// control planes that read it outlive this function.
+/// Numbered: tests run side by side, and [`fresh_dir`] empties a
+/// directory of the same name.
 fn model_dir(tag: &str) -> String {
-    let model = fresh_dir(&format!("sglang-e2e-model-{}-{tag}", std::process::id()))
-        .expect("a model directory")
-        .keep();
+    static DIRS: AtomicUsize = AtomicUsize::new(0);
+    let n = DIRS.fetch_add(1, Ordering::Relaxed);
+    let model = fresh_dir(&format!(
+        "sglang-e2e-model-{}-{tag}-{n}",
+        std::process::id()
+    ))
+    .expect("a model directory")
+    .keep();
     sglang_envoy_prompt::fixture::write_model_files(&model).expect("model files written");
     model.display().to_string()
 }
@@ -64,6 +72,23 @@ async fn behind_the_back(worker: &SimWorker, body: String) {
         .await
         .map(|r| r.status().as_u16());
     assert_eq!(r.ok(), Some(200));
+}
+
+/// Tests run side by side in one process: a stack's model files must not
+/// be removed and written again under it by another test that starts a
+/// stack with the same policy (the control plane then saw no directory
+/// and did not start).
+#[test]
+fn each_stack_has_its_own_model_directory() {
+    let first = model_dir("twice");
+    let second = model_dir("twice");
+    assert_ne!(first, second);
+    assert!(std::path::Path::new(&first)
+        .join("tokenizer.json")
+        .is_file());
+    for dir in [first, second] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 async fn start(policy: &str) -> Stack {
