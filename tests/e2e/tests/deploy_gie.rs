@@ -581,7 +581,7 @@ fn the_route_names_the_shipped_gateway_whose_policies_carry_the_routers_settings
     let btp = find_doc(&gw, "BackendTrafficPolicy", None);
     target(btp, "HTTPRoute", &route["metadata"]["name"]);
 
-    // The same settings as the Envoy Gateway recipe, which deploy.rs holds
+    // The same settings as the Envoy Gateway recipe, which deploy/envoy_gateway.rs holds
     // to envoy/envoy.yaml: route timeout, retries, cluster limits, and the
     // client side (buffer, timeouts, paths, no client-chosen worker).
     let eg = recipe_docs("deploy/envoy-gateway/gateway.yaml");

@@ -1,7 +1,7 @@
 //! TLS to workers in the deployment files: the Envoy templates'
 //! `transport_socket_matches`, envoy/render.sh's optional `WORKER_*`
 //! placeholders, and the quick start deriving them from the control
-//! plane's flags (one launch line for both). deploy.rs checks that compose,
+//! plane's flags (one launch line for both). tests/deploy/ checks that compose,
 //! `.env.example` and render.sh's loop carry every placeholder.
 
 use std::collections::{BTreeMap, BTreeSet};
