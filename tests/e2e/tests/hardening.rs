@@ -237,6 +237,11 @@ async fn paths_the_router_does_not_serve_never_reach_a_worker() {
     let r = stack.post("/v1/chat%2Fcompletions", "{}").await;
     let message = expect_openai_error(r, 400).await;
     assert!(message.contains("escaped slashes"), "{message}");
+    // So is an encoded NUL, and the message says so rather than blaming
+    // slashes the path does not have.
+    let r = stack.post("/v1/chat/completions%00", "{}").await;
+    let message = expect_openai_error(r, 400).await;
+    assert!(message.contains("NUL"), "{message}");
     // The wrong method on a served path.
     let r = client.get(stack.url("/generate")).send().await.unwrap();
     expect_openai_error(r, 405).await;
