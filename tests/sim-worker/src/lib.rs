@@ -39,7 +39,7 @@ use tokio::net::TcpListener;
 pub use disagg::{DisaggregationMode, UnknownMode};
 pub use kv_config::{KvConfigError, KvEventsConfig, TcpEndpoint};
 pub use kv_events::text_token_ids;
-pub use state::{AppState, SimConfig, DEFAULT_PAGE_SIZE};
+pub use state::{AppState, SimConfig, DEFAULT_CONTEXT_LENGTH, DEFAULT_PAGE_SIZE};
 pub use tls::{server_config, TlsError, TlsFiles, TlsListener};
 pub use wire::{InfoRoutes, UnknownValue, WireProfile};
 

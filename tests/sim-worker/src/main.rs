@@ -40,6 +40,10 @@ struct Cli {
     /// Tokens generated when a request does not say.
     #[arg(long, default_value_t = 16)]
     default_max_tokens: usize,
+    /// The model's context length: a request asking to generate more
+    /// tokens is refused with a 400, as SGLang refuses it.
+    #[arg(long, default_value_t = sglang_sim_worker::DEFAULT_CONTEXT_LENGTH)]
+    context_length: usize,
     /// PD disaggregation role: `null` (prefill and decode here), `prefill`
     /// (also serves a bootstrap server, answers after a decode worker fetched
     /// the KV) or `decode` (fetches the KV from the request's
@@ -166,6 +170,7 @@ async fn main() -> anyhow::Result<()> {
         max_running_prefills: cli.max_running_prefills,
         cache_tokens: cli.cache_tokens,
         default_max_tokens: cli.default_max_tokens,
+        context_length: cli.context_length,
         disaggregation_mode: cli.disaggregation_mode,
         disaggregation_bootstrap_port: cli.disaggregation_bootstrap_port,
         disaggregation_timeout_ms: cli.disaggregation_timeout_ms,

@@ -197,9 +197,12 @@ pub async fn generate(
         };
         let max_new = match per_item(body.get("sampling_params"), i) {
             None => state.config.default_max_tokens,
-            Some(Value::Object(sp)) => {
-                request::max_tokens(sp, &["max_new_tokens"], state.config.default_max_tokens)?
-            }
+            Some(Value::Object(sp)) => request::max_tokens(
+                sp,
+                &["max_new_tokens"],
+                state.config.default_max_tokens,
+                state.config.context_length,
+            )?,
             Some(_) => return Err(ApiError::bad("sampling_params must be an object")),
         };
         let return_logprob = match per_item(body.get("return_logprob"), i) {

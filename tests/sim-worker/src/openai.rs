@@ -154,6 +154,7 @@ impl Generation {
                 body,
                 &["max_completion_tokens", "max_tokens"],
                 state.config.default_max_tokens,
+                state.config.context_length,
             )?),
             stream: request::opt_bool(body, "stream")?.unwrap_or(false),
             include_usage,

@@ -66,14 +66,29 @@ pub fn opt_str<'a>(body: &'a Body, key: &str) -> Result<Option<&'a str>, ApiErro
     }
 }
 
-/// Number of tokens to generate: the first of `keys` present, else `default`.
-pub fn max_tokens(body: &Body, keys: &[&str], default: usize) -> Result<usize, ApiError> {
+/// Number of tokens to generate: the first of `keys` present, else `default`;
+/// refused, as SGLang refuses it, when it does not fit in `context_length`
+/// with at least one prompt token.
+pub fn max_tokens(
+    body: &Body,
+    keys: &[&str],
+    default: usize,
+    context_length: usize,
+) -> Result<usize, ApiError> {
+    let mut n = default as u64;
     for key in keys {
-        if let Some(n) = opt_u64(body, key)? {
-            return usize::try_from(n).map_err(|_| ApiError::bad(format!("{key} is too large")));
+        if let Some(asked) = opt_u64(body, key)? {
+            n = asked;
+            break;
         }
     }
-    Ok(default)
+    match usize::try_from(n) {
+        Ok(n) if n < context_length => Ok(n),
+        _ => Err(ApiError::bad(format!(
+            "Requested token count exceeds the model's maximum context length of \
+             {context_length} tokens. You requested {n} tokens for the completion."
+        ))),
+    }
 }
 
 /// The DP rank field `key` (`data_parallel_rank` or

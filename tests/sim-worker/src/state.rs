@@ -39,6 +39,10 @@ pub struct SimConfig {
     pub cache_tokens: usize,
     /// Tokens generated when a request does not say.
     pub default_max_tokens: usize,
+    /// `--context-length`: the most tokens a request may ask to generate
+    /// (SGLang refuses more with a 400; without it a client's huge
+    /// `max_tokens` would have the simulator generate without end).
+    pub context_length: usize,
     /// `--disaggregation-mode`: `null` (not disaggregated), `prefill` or
     /// `decode`.
     pub disaggregation_mode: DisaggregationMode,
@@ -89,6 +93,9 @@ pub struct SimConfig {
 /// (1 for most); 16 keeps the simulator's events per prompt few.
 pub const DEFAULT_PAGE_SIZE: usize = 16;
 
+/// The simulated model's context length, in tokens, unless told.
+pub const DEFAULT_CONTEXT_LENGTH: usize = 32768;
+
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
@@ -101,6 +108,7 @@ impl Default for SimConfig {
             max_running_prefills: 1,
             cache_tokens: 1_000_000,
             default_max_tokens: 16,
+            context_length: DEFAULT_CONTEXT_LENGTH,
             disaggregation_mode: DisaggregationMode::Null,
             disaggregation_bootstrap_port: 8998,
             disaggregation_timeout_ms: 5000,

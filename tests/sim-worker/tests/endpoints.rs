@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{assert_error, fast, sse_events, start};
 use serde_json::{json, Value};
 use sglang_sim_worker::SimConfig;
@@ -361,6 +363,39 @@ async fn rerank_sorts_by_score() {
         .map(|i| i["score"].as_f64().unwrap())
         .collect();
     assert_eq!(scores, again);
+}
+
+/// A request asking for more tokens than the context holds is refused at
+/// once, as SGLang refuses it; the simulator used to start generating 2^63
+/// tokens, growing to many GB and leaving its health check unanswered.
+#[tokio::test]
+async fn more_tokens_than_the_context_holds_are_refused() {
+    let sim = start(fast()).await;
+    let asks = [
+        (
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":9223372036854775808}"#,
+        ),
+        ("/v1/completions", r#"{"prompt":"x","max_tokens":32768}"#),
+        (
+            "/generate",
+            r#"{"text":"x","sampling_params":{"max_new_tokens":18446744073709551615}}"#,
+        ),
+    ];
+    for (path, body) in asks {
+        let r = tokio::time::timeout(Duration::from_secs(5), sim.post_raw(path, body))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer within 5 s"));
+        let msg = assert_error(r, 400).await;
+        assert!(msg.contains("maximum context length of 32768"), "{msg}");
+    }
+    // A request within the context is served, and the worker stays healthy.
+    let r = sim
+        .post_raw("/v1/completions", r#"{"prompt":"x","max_tokens":2}"#)
+        .await;
+    assert_eq!(r.status(), 200);
+    let (status, _) = sim.get("/health").await;
+    assert_eq!(status, 200);
 }
 
 #[tokio::test]
