@@ -29,8 +29,8 @@ pub use process::Proc;
 pub use sglang_envoy_ports::free_port;
 pub use sim_worker::longest_body_received;
 pub use stack::{
-    hosts_file_supported, release_bin, venv_python, FrontDoor, PdOptions, SimWorker, Stack,
-    StackOptions, KV_TIMEOUT_MS,
+    built_envoy_and_filter, filter_wasm, hosts_file_supported, release_bin, venv_python, FrontDoor,
+    PdOptions, SimWorker, Stack, StackOptions, KV_TIMEOUT_MS,
 };
 pub use tls::{envoy_tls_env, WorkerTls};
 

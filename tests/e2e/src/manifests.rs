@@ -98,6 +98,16 @@ pub fn render(env: &BTreeMap<String, String>, tag: &str) -> String {
     text
 }
 
+/// The static cluster `name` of a rendered bootstrap.
+pub fn cluster<'a>(bootstrap: &'a Value, name: &str) -> &'a Value {
+    bootstrap["static_resources"]["clusters"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("cluster {name}"))
+}
+
 /// The HTTP connection manager of a rendered bootstrap's client listener.
 pub fn hcm(bootstrap: &Value) -> &Value {
     &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]

@@ -29,6 +29,27 @@ fn envoy_bin() -> PathBuf {
         .unwrap_or_else(|| repo_root().join(".venv/bin/envoy"))
 }
 
+/// The wasm filter as `cargo build --release --target wasm32-wasip1` leaves it.
+pub fn filter_wasm() -> PathBuf {
+    repo_root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm")
+}
+
+/// Envoy and the wasm filter, when both are built; `None` (the caller
+/// skips its check) when either is missing, which CI never allows.
+pub fn built_envoy_and_filter() -> Option<(PathBuf, PathBuf)> {
+    let (envoy, wasm) = (envoy_bin(), filter_wasm());
+    if envoy.exists() && wasm.exists() {
+        return Some((envoy, wasm));
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must have Envoy ({}) and the filter ({})",
+        envoy.display(),
+        wasm.display()
+    );
+    None
+}
+
 /// The venv's Python (with the `openai` package), for client-compatibility tests.
 pub fn venv_python() -> PathBuf {
     envoy_bin().with_file_name("python")
@@ -244,7 +265,7 @@ impl Stack {
         }
 
         let (port, envoy_admin) = (free_port(), free_port());
-        let wasm = repo_root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
+        let wasm = filter_wasm();
         let config_path = dir.join("envoy.yaml");
         if let Some(config) = &opts.envoy_config {
             let routed = if decodes.is_empty() {

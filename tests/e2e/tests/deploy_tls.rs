@@ -10,7 +10,8 @@ use std::process::Command;
 
 use regex::Regex;
 use serde_yaml::Value;
-use sglang_envoy_e2e::{envoy_tls_env, fresh_dir, ScratchDir};
+use sglang_envoy_e2e::manifests::cluster;
+use sglang_envoy_e2e::{built_envoy_and_filter, envoy_tls_env, filter_wasm, fresh_dir, ScratchDir};
 
 const TEMPLATES: [&str; 2] = ["envoy/envoy.yaml", "envoy/envoy-ext-proc.yaml"];
 const WORKER_CLUSTERS: [&str; 2] = ["sglang_workers", "sglang_prefill_workers"];
@@ -54,8 +55,7 @@ fn render(dir: &Path, template: &str, tag: &str, tls: &[(&str, String)]) -> Resu
     for (name, value) in sglang_envoy_e2e::manifests::LOCAL_ADDRESSES {
         cmd.env(name, value);
     }
-    let wasm = root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
-    cmd.env("FILTER_WASM", &wasm)
+    cmd.env("FILTER_WASM", filter_wasm())
         .env("ENVOY_TEMPLATE", root().join(template))
         .env_remove("WORKER_CA_CERTS")
         .env_remove("WORKER_CLIENT_CERT")
@@ -68,15 +68,6 @@ fn render(dir: &Path, template: &str, tag: &str, tls: &[(&str, String)]) -> Resu
         return Err(String::from_utf8_lossy(&output.stderr).into_owned());
     }
     Ok(serde_yaml::from_str(&std::fs::read_to_string(&out).unwrap()).expect("YAML"))
-}
-
-fn cluster<'a>(bootstrap: &'a Value, name: &str) -> &'a Value {
-    bootstrap["static_resources"]["clusters"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("cluster {name}"))
 }
 
 /// The TLS socket of a worker cluster's `transport_socket_matches`.
@@ -248,18 +239,10 @@ fn quickstart_configures_envoy_tls_from_the_control_plane_flags() {
 /// filter are built).
 #[test]
 fn rendered_tls_configuration_is_valid_for_envoy() {
-    let envoy = std::env::var_os("SGLANG_ENVOY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/envoy"));
-    let wasm = root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
-    if !envoy.exists() || !wasm.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must have Envoy and the filter"
-        );
+    let Some((envoy, _)) = built_envoy_and_filter() else {
         eprintln!("skipped: Envoy or the filter is not built");
         return;
-    }
+    };
     let dir = scratch("valid");
     let (ca, _) = cert_files(&dir, "valid-ca");
     let (client, key) = cert_files(&dir, "valid-client");

@@ -90,20 +90,10 @@ fn compose_rendered_envoy_config_is_valid() {
     assert_eq!(s(&cp["port_value"]), env["CONTROL_PLANE_GRPC_PORT"]);
 
     // Validate with the real Envoy when it and the filter are built.
-    let envoy = std::env::var_os("SGLANG_ENVOY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/envoy"));
-    let wasm = root().join("target/wasm32-wasip1/release/sglang_envoy_filter.wasm");
-    if !envoy.exists() || !wasm.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must have Envoy ({}) and the filter ({})",
-            envoy.display(),
-            wasm.display()
-        );
+    let Some((envoy, wasm)) = built_envoy_and_filter() else {
         eprintln!("skipping `envoy --mode validate`: Envoy or the filter is not built");
         return;
-    }
+    };
     env.insert("FILTER_WASM".into(), wasm.display().to_string());
     let path =
         std::env::temp_dir().join(format!("sglang-envoy-validate-{}.yaml", std::process::id()));

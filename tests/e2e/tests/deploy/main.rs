@@ -14,10 +14,11 @@ use std::process::Command;
 
 use regex::Regex;
 use serde_yaml::Value;
+use sglang_envoy_e2e::built_envoy_and_filter;
 use sglang_envoy_e2e::gateway::find_doc;
 use sglang_envoy_e2e::manifests::{
-    compose, env_of, flags, hcm, interpolate_defaults, render, s, strings, template_placeholders,
-    yaml_docs,
+    cluster, compose, env_of, flags, hcm, interpolate_defaults, render, s, strings,
+    template_placeholders, yaml_docs,
 };
 
 mod compose;
@@ -159,15 +160,6 @@ fn template() -> Value {
         "/filter/sglang_envoy_filter.wasm".into(),
     );
     serde_yaml::from_str(&render(&env, "quickstart")).expect("rendered template is YAML")
-}
-
-fn cluster<'a>(bootstrap: &'a Value, name: &str) -> &'a Value {
-    bootstrap["static_resources"]["clusters"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("cluster {name}"))
 }
 
 fn wasm_filter(bootstrap: &Value) -> &Value {
