@@ -39,9 +39,10 @@ pub struct SimConfig {
     pub cache_tokens: usize,
     /// Tokens generated when a request does not say.
     pub default_max_tokens: usize,
-    /// `--context-length`: the most tokens a request may ask to generate
-    /// (SGLang refuses more with a 400; without it a client's huge
-    /// `max_tokens` would have the simulator generate without end).
+    /// `--context-length`: a request may ask to generate fewer tokens than
+    /// this, at least one being its prompt's (SGLang refuses more with a
+    /// 400; without it a client's huge `max_tokens` would have the
+    /// simulator generate without end).
     pub context_length: usize,
     /// `--disaggregation-mode`: `null` (not disaggregated), `prefill` or
     /// `decode`.
