@@ -216,9 +216,13 @@ impl ControlPlane {
             }
             Mode::Regular => Policies::same(policy_flags::build(args.policy, args)),
         };
-        // One client for every call to a worker (health checks, discovery,
-        // PD prefill halves), with the TLS flags: bad certificate files stop
-        // the startup here.
+        // The client for calls to workers (health checks, discovery), with
+        // the TLS flags: bad certificate files stop the startup here. The
+        // PD prefill halves get one of their own, whose connections are
+        // opened (and so served) on the gRPC port's thread, where the
+        // prefill halves run (`EngineOptions::prefill_client`).
+        let prefill_client = worker_client(&args.worker_tls(), args.api_key.as_deref())
+            .context("the client for prefill halves")?;
         let worker_client = worker_client(&args.worker_tls(), args.api_key.as_deref())
             .context("the client for workers")?;
         let options = EngineOptions {
@@ -237,6 +241,7 @@ impl ControlPlane {
                 own_host: Some(args.host),
             },
             worker_client: worker_client.clone(),
+            prefill_client,
             wire_profile: args.wire_profile.forced(),
             client_key: args.api_key.as_deref().map(ClientKey::from_key),
             trace: args.enable_trace,

@@ -78,10 +78,17 @@ pub struct EngineOptions {
     pub addresses: AddressPolicy,
     /// Admission control (`--max-concurrent-requests`); `None`: off.
     pub admission: Option<AdmissionOptions>,
-    /// The control plane's one client for workers (TLS settings of the
-    /// flags, see [`crate::workers::worker_client`]): the PD prefill halves
-    /// and `/server_info` go through it.
+    /// The control plane's client for workers (TLS settings of the flags,
+    /// see [`crate::workers::worker_client`]): `/server_info` at
+    /// registration goes through it.
     pub worker_client: reqwest::Client,
+    /// A client of the same settings for the PD prefill halves alone. A
+    /// pooled connection's task runs on the runtime that opened it, and
+    /// the prefill halves run on the gRPC port's thread
+    /// (`grpc_runtime.rs`): on a pool shared with registration and health
+    /// checks (the main runtime), a prefill could get a connection whose
+    /// every write and read woke a main-runtime thread.
+    pub prefill_client: reqwest::Client,
     /// `--wire-profile`: the field dialect of every worker; `None` (auto):
     /// each worker's own, from the version it reports (see
     /// [`pd::wire_profile`]).
@@ -112,6 +119,7 @@ impl Default for EngineOptions {
             addresses: AddressPolicy::default(),
             admission: None,
             worker_client: reqwest::Client::new(),
+            prefill_client: reqwest::Client::new(),
             wire_profile: None,
             client_key: None,
             tenant_header: None,
@@ -160,7 +168,7 @@ impl Engine {
             policies,
             tickets: Tickets::default(),
             prefill: PrefillDispatcher::new(
-                options.worker_client.clone(),
+                options.prefill_client.clone(),
                 options.request_timeout,
                 metrics.clone(),
                 registry.clone(),

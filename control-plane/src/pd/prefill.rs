@@ -42,7 +42,7 @@ pub struct PrefillDispatcher {
 }
 
 impl PrefillDispatcher {
-    /// A dispatcher sending through `client` (the control plane's one
+    /// A dispatcher sending through `client` (the prefill halves' own
     /// client for workers: TLS and the client certificate for `https://`
     /// prefill servers), whose requests give up after `timeout`, reporting
     /// each outcome to the prefill worker's circuit in `registry`.
