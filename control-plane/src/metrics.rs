@@ -57,6 +57,8 @@ pub struct Metrics {
     worker_processed: Family<WorkerLabel, Gauge>,
     sessions: Gauge,
     session_messages: Family<KindLabel, Counter>,
+    session_answer_messages: Counter,
+    session_answers: Counter,
     kv_events_received: Family<WorkerLabel, Counter>,
     kv_events_gaps: Family<WorkerLabel, Counter>,
     worker_kv_blocks: Family<WorkerLabel, Gauge>,
@@ -123,6 +125,8 @@ impl Metrics {
             worker_processed: Family::default(),
             sessions: Gauge::default(),
             session_messages: Family::default(),
+            session_answer_messages: Counter::default(),
+            session_answers: Counter::default(),
             kv_events_received: Family::default(),
             kv_events_gaps: Family::default(),
             worker_kv_blocks: Family::default(),
@@ -235,6 +239,16 @@ impl Metrics {
             m.session_messages.clone(),
         );
         registry.register(
+            "sgl_router_filter_session_answer_messages",
+            "Messages of answers sent down filters' session streams (several answers ready together go in one)",
+            m.session_answer_messages.clone(),
+        );
+        registry.register(
+            "sgl_router_filter_session_answers",
+            "Answers sent down filters' session streams, in messages of their own or batched",
+            m.session_answers.clone(),
+        );
+        registry.register(
             "sgl_router_kv_events_received",
             "KV-event messages received per worker (all DP ranks), well-formed or not",
             m.kv_events_received.clone(),
@@ -324,6 +338,12 @@ impl Metrics {
     /// How many other control planes' counts were read last.
     pub fn fleet_store_peers(&self, n: usize) {
         self.fleet_store_peers.set(n as i64);
+    }
+
+    /// A message carrying `answers` answers went down a session.
+    pub fn session_answers(&self, answers: usize) {
+        self.session_answer_messages.inc();
+        self.session_answers.inc_by(answers as u64);
     }
 
     /// A filter sent a message of `kind` up its session.

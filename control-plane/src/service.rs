@@ -44,9 +44,15 @@ impl Router for RouterService {
         &self,
         request: Request<Streaming<SessionUp>>,
     ) -> Result<Response<SessionAnswers>, Status> {
+        // Filters that read batched answers say so; older ones get one
+        // answer a message.
+        let batches = request
+            .metadata()
+            .get(sglang_envoy_proto::BATCHES_METADATA)
+            .is_some_and(|v| v.as_bytes() == sglang_envoy_proto::BATCHES.as_bytes());
         let (tx, rx) = mpsc::channel(ANSWERS_BUFFERED);
         let registration = self.sessions.open(tx.clone());
-        let session = FilterSession::new(self.engine.clone(), registration);
+        let session = FilterSession::new(self.engine.clone(), registration, batches);
         tokio::spawn(session.run(request.into_inner(), tx));
         let mut response = Response::new(Box::pin(ReceiverStream::new(rx)) as SessionAnswers);
         // Filters may send ends with their next message (`SessionUp.ends`).

@@ -10,6 +10,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use futures::FutureExt;
 use sglang_envoy_lifecycle::{wire, Question};
 use sglang_envoy_proto::session_up::Kind;
 use sglang_envoy_proto::{route_response, Completion, SessionDown, SessionUp};
@@ -25,6 +26,9 @@ use crate::shutdown;
 /// questions (back-pressure instead of unbounded memory).
 pub const ANSWERS_BUFFERED: usize = 1024;
 
+/// Most answers sent in one message (`SessionDown.more`).
+pub const MAX_BATCH: usize = 32;
+
 /// One filter's session.
 pub struct FilterSession {
     engine: Arc<Engine>,
@@ -32,16 +36,23 @@ pub struct FilterSession {
     open: HashSet<u64>,
     /// Its place among the open sessions, told of the filter's `synced`.
     registration: Registration,
+    /// The filter reads answers batched in `SessionDown.more`.
+    batches: bool,
+    /// Answers to the questions read in one go, not sent yet.
+    ready: Vec<SessionDown>,
 }
 
 impl FilterSession {
-    /// A session over `engine`, registered as `registration`.
-    pub fn new(engine: Arc<Engine>, registration: Registration) -> Self {
+    /// A session over `engine`, registered as `registration`; `batches`:
+    /// the filter said it reads `SessionDown.more` (`BATCHES_METADATA`).
+    pub fn new(engine: Arc<Engine>, registration: Registration, batches: bool) -> Self {
         engine.metrics().session(1);
         FilterSession {
             engine,
             open: HashSet::new(),
             registration,
+            batches,
+            ready: Vec::new(),
         }
     }
 
@@ -82,7 +93,19 @@ impl FilterSession {
                     break;
                 }
             };
-            if !self.handle(up, &answers).await {
+            // Then every message already read from the connection, so
+            // that their answers go down as one message: Envoy's cost is
+            // per message (docs/request-cost.md, step 7). Nothing waits
+            // for more: a question that has not arrived is not waited for.
+            let mut open = self.handle(up, &answers).await;
+            while open && self.batches {
+                match incoming.message().now_or_never() {
+                    Some(Ok(Some(up))) => open = self.handle(up, &answers).await,
+                    // Not ready (or the end, or an error: read again above).
+                    _ => break,
+                }
+            }
+            if !open || !self.send_ready(&answers).await {
                 // Envoy stopped reading answers: the session is over.
                 break;
             }
@@ -111,13 +134,28 @@ impl FilterSession {
         // Its outcome goes after the decision (the filter must know the
         // ticket awaits one before it comes).
         let follows = prefill_follows(&down).then_some(down.ticket);
-        if answers.send(Ok(down)).await.is_err() {
+        self.ready.push(down);
+        if (follows.is_some() || !self.batches || self.ready.len() >= MAX_BATCH)
+            && !self.send_ready(answers).await
+        {
             return false;
         }
         if let Some(ticket) = follows {
             self.send_prefill_outcome(ticket, answers);
         }
         true
+    }
+
+    /// Sends the answers ready, the first carrying the others in `more`.
+    /// False once nobody reads answers.
+    async fn send_ready(&mut self, answers: &mpsc::Sender<Result<SessionDown, Status>>) -> bool {
+        let mut ready = self.ready.drain(..);
+        let Some(mut first) = ready.next() else {
+            return true;
+        };
+        first.more = ready.collect();
+        self.engine.metrics().session_answers(1 + first.more.len());
+        answers.send(Ok(first)).await.is_ok()
     }
 
     /// Sends the outcome of `ticket`'s prefill half once it has ended,
@@ -256,7 +294,73 @@ mod tests {
         ));
         let (answers, _) = tokio::sync::mpsc::channel(1);
         let registration = Arc::new(Sessions::default()).open(answers);
-        (FilterSession::new(engine.clone(), registration), engine)
+        (
+            FilterSession::new(engine.clone(), registration, false),
+            engine,
+        )
+    }
+
+    type Answers = (
+        mpsc::Sender<Result<SessionDown, Status>>,
+        mpsc::Receiver<Result<SessionDown, Status>>,
+    );
+
+    /// A session whose filter reads batches (`batches`) or not, and the
+    /// channel its answers go down.
+    fn session_to(batches: bool) -> (FilterSession, Answers) {
+        let engine = Arc::new(engine_with(
+            EngineOptions::default(),
+            &[(1, WorkerSpec::REGULAR, None)],
+        ));
+        let (tx, rx) = mpsc::channel(64);
+        let registration = Arc::new(Sessions::default()).open(tx.clone());
+        (FilterSession::new(engine, registration, batches), (tx, rx))
+    }
+
+    fn tickets(down: &SessionDown) -> Vec<u64> {
+        std::iter::once(down.ticket)
+            .chain(down.more.iter().map(|d| d.ticket))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn answers_read_together_go_down_in_one_message_in_order() {
+        let (mut s, (tx, mut rx)) = session_to(true);
+        for t in [3, 1, 2] {
+            assert!(s.handle(question(t), &tx).await);
+        }
+        assert!(rx.try_recv().is_err(), "nothing goes before the batch ends");
+        assert!(s.send_ready(&tx).await);
+        let down = rx.try_recv().unwrap().unwrap();
+        assert_eq!(tickets(&down), [3, 1, 2]);
+        assert!(down
+            .more
+            .iter()
+            .all(|d| d.more.is_empty() && d.route.is_some()));
+        assert!(rx.try_recv().is_err(), "one message");
+        assert!(s.send_ready(&tx).await, "nothing left to send");
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_filter_that_reads_no_batches_gets_each_answer_alone_at_once() {
+        let (mut s, (tx, mut rx)) = session_to(false);
+        for t in [1, 2] {
+            assert!(s.handle(question(t), &tx).await);
+            let down = rx.try_recv().unwrap().unwrap();
+            assert_eq!(tickets(&down), [t]);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_goes_once_it_holds_max_batch_answers() {
+        let (mut s, (tx, mut rx)) = session_to(true);
+        for t in 0..MAX_BATCH as u64 {
+            assert!(rx.try_recv().is_err());
+            assert!(s.handle(question(t), &tx).await);
+        }
+        let down = rx.try_recv().unwrap().unwrap();
+        assert_eq!(tickets(&down), (0..MAX_BATCH as u64).collect::<Vec<_>>());
     }
 
     fn question(ticket: u64) -> SessionUp {
@@ -311,7 +415,7 @@ mod tests {
         ));
         let sessions = Arc::new(Sessions::default());
         let (answers, mut filter) = tokio::sync::mpsc::channel(4);
-        let mut s = FilterSession::new(engine, sessions.open(answers));
+        let mut s = FilterSession::new(engine, sessions.open(answers), false);
         let settling = tokio::spawn({
             let sessions = sessions.clone();
             async move { sessions.settle(std::time::Duration::from_secs(5)).await }
@@ -329,10 +433,14 @@ mod tests {
 
     /// A PD question asked on the session with `prefill_follows` (of the
     /// `pd` engine): its decision and what comes down after it.
-    async fn pd_question(prefill_follows: bool) -> (SessionDown, Filter) {
+    async fn pd_question(prefill_follows: bool, batches: bool) -> (SessionDown, Filter) {
         let engine = Arc::new(crate::engine::tests::pd_engine());
         let (answers, mut filter) = mpsc::channel(4);
-        let mut s = FilterSession::new(engine, Arc::new(Sessions::default()).open(answers.clone()));
+        let mut s = FilterSession::new(
+            engine,
+            Arc::new(Sessions::default()).open(answers.clone()),
+            batches,
+        );
         let up = SessionUp {
             kind: Some(Kind::Route(RouteRequest {
                 path: "/generate".into(),
@@ -347,7 +455,8 @@ mod tests {
             ends: Vec::new(),
         };
         assert!(s.handle(up, &answers).await);
-        let down = filter.recv().await.unwrap().unwrap();
+        // At once, batches or not: its outcome must come after it.
+        let down = filter.try_recv().expect("the decision went").unwrap();
         (
             down,
             Filter {
@@ -374,7 +483,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_prefill_outcome_asked_for_with_the_question_comes_unasked_after_its_decision() {
-        let (down, mut filter) = pd_question(true).await;
+        let (down, mut filter) = pd_question(true, false).await;
         let d = decision_of(&down);
         assert!(d.await_prefill && d.prefill_follows);
         // The prefill "server" is a closed port: it fails fast.
@@ -389,8 +498,21 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn to_a_filter_reading_batches_a_pd_decision_goes_before_its_outcome() {
+        let (down, mut filter) = pd_question(true, true).await;
+        assert_eq!(tickets(&down), [2]);
+        assert!(decision_of(&down).prefill_follows);
+        let next = tokio::time::timeout(std::time::Duration::from_secs(5), filter.answers.recv())
+            .await
+            .expect("the outcome comes")
+            .unwrap()
+            .unwrap();
+        assert!(next.prefill.is_some() && next.route.is_none());
+    }
+
+    #[tokio::test]
     async fn without_prefill_follows_the_outcome_waits_to_be_asked() {
-        let (down, mut filter) = pd_question(false).await;
+        let (down, mut filter) = pd_question(false, false).await;
         let d = decision_of(&down);
         assert!(d.await_prefill && !d.prefill_follows);
         let next =

@@ -10,7 +10,7 @@ use proxy_wasm::types::{BufferType, ContextType};
 use sglang_envoy_lifecycle::{random, LocalReply, TicketSource};
 use sglang_envoy_proto::{
     session_up::Kind, CompleteRequest, Completion, SessionDown, SessionUp, WorkersRequest,
-    WorkersSnapshot, ENDS_RIDE, ENDS_RIDE_METADATA, SERVICE_NAME,
+    WorkersSnapshot, BATCHES, BATCHES_METADATA, ENDS_RIDE, ENDS_RIDE_METADATA, SERVICE_NAME,
 };
 
 use crate::body_wait::BodyWaits;
@@ -169,27 +169,19 @@ impl Context for Root {
             .ok()
             .flatten()
             .unwrap_or_default();
-        let down = match SessionDown::decode(bytes.as_slice()) {
+        let mut down = match SessionDown::decode(bytes.as_slice()) {
             Ok(down) => down,
             Err(e) => {
                 warn!("unreadable answer on the control plane session: {e}");
                 return;
             }
         };
-        let session = &self.shared.session;
-        if down.sync != 0 {
-            let synced = SessionUp {
-                kind: Some(Kind::Synced(down.sync)),
-                ack_end: false,
-                ends: Vec::new(),
-            };
-            session.answer_sync(&synced.encode_to_vec());
-        } else if let Some(outcome) = down.prefill {
-            if let Some(context) = session.answered(down.ticket, Wait::Prefill) {
-                self.act_for(context, |r| r.prefill_answered(Some(Ok(outcome))));
-            }
-        } else if let Some(context) = session.answered(down.ticket, Wait::Answer) {
-            self.act_for(context, |r| r.session_answer(down.route));
+        // Answers ready together come in one message (`BATCHES_METADATA`),
+        // in the order the questions were read.
+        let more = std::mem::take(&mut down.more);
+        self.session_down(down);
+        for down in more {
+            self.session_down(down);
         }
     }
 
@@ -262,6 +254,26 @@ impl RootContext for Root {
 }
 
 impl Root {
+    /// One answer of the session: a sync, a prefill's outcome or a
+    /// decision.
+    fn session_down(&mut self, down: SessionDown) {
+        let session = &self.shared.session;
+        if down.sync != 0 {
+            let synced = SessionUp {
+                kind: Some(Kind::Synced(down.sync)),
+                ack_end: false,
+                ends: Vec::new(),
+            };
+            session.answer_sync(&synced.encode_to_vec());
+        } else if let Some(outcome) = down.prefill {
+            if let Some(context) = session.answered(down.ticket, Wait::Prefill) {
+                self.act_for(context, |r| r.prefill_answered(Some(Ok(outcome))));
+            }
+        } else if let Some(context) = session.answered(down.ticket, Wait::Answer) {
+            self.act_for(context, |r| r.session_answer(down.route));
+        }
+    }
+
     /// Runs `f` on request `context` with host calls made for it, then acts
     /// as the root again. Nothing happens when the request is gone.
     fn act_for(&self, context: u32, f: impl FnOnce(&mut Request)) {
@@ -294,7 +306,8 @@ impl Root {
             &self.shared.config.control_plane_cluster,
             SERVICE_NAME,
             "Session",
-            vec![],
+            // It reads answers batched in `SessionDown.more`.
+            vec![(BATCHES_METADATA, BATCHES.as_bytes())],
         ) {
             Ok(token) => self.shared.session.opened(token, now),
             Err(status) => {

@@ -25,6 +25,14 @@ pub const ENDS_RIDE_METADATA: &str = "x-sglang-session-ends";
 /// The value of [`ENDS_RIDE_METADATA`].
 pub const ENDS_RIDE: &str = "ride";
 
+/// Initial metadata of a filter's `Session` request: it reads the answers
+/// in `SessionDown.more` (value [`BATCHES`]). A control plane sends each
+/// answer in a message of its own to filters without it.
+pub const BATCHES_METADATA: &str = "x-sglang-session-batches";
+
+/// The value of [`BATCHES_METADATA`].
+pub const BATCHES: &str = "more";
+
 /// The request header carrying a client's sticky-session key (sglang-router's
 /// `X-SMG-Routing-Key`, lower-cased as Envoy hands headers over). Both front
 /// doors copy it into [`RouteRequest::routing_key`].

@@ -237,6 +237,19 @@ async fn ten_thousand_answers_each_reach_the_request_that_asked() {
         // sessions and the worker-list polls, one a second per thread, so
         // more on a slower machine), not one per request.
         assert_eq!(stack.metric("sgl_router_filter_sessions").await, 4.0);
+        // Answers to questions read together went down together (the
+        // filter asked for batches), and each still reached its request
+        // (the keys above).
+        let answers = stack
+            .metric("sgl_router_filter_session_answers_total")
+            .await;
+        let messages = stack
+            .metric("sgl_router_filter_session_answer_messages_total")
+            .await;
+        assert!(
+            answers >= REQUESTS as f64 && messages < answers,
+            "{answers} answers in {messages} messages"
+        );
         let calls = stack
             .envoy_stat("cluster.sglang_control_plane.upstream_rq_total")
             .await
