@@ -40,6 +40,8 @@ pub struct FilterSession {
     batches: bool,
     /// Answers to the questions read in one go, not sent yet.
     ready: Vec<SessionDown>,
+    /// PD tickets among them whose prefill outcome follows unasked.
+    outcomes_due: Vec<u64>,
 }
 
 impl FilterSession {
@@ -53,6 +55,7 @@ impl FilterSession {
             registration,
             batches,
             ready: Vec::new(),
+            outcomes_due: Vec::new(),
         }
     }
 
@@ -131,22 +134,18 @@ impl FilterSession {
         let Some(down) = self.take(up) else {
             return true;
         };
-        // Its outcome goes after the decision (the filter must know the
-        // ticket awaits one before it comes).
-        let follows = prefill_follows(&down).then_some(down.ticket);
-        self.ready.push(down);
-        if (follows.is_some() || !self.batches || self.ready.len() >= MAX_BATCH)
-            && !self.send_ready(answers).await
-        {
-            return false;
+        if prefill_follows(&down) {
+            self.outcomes_due.push(down.ticket);
         }
-        if let Some(ticket) = follows {
-            self.send_prefill_outcome(ticket, answers);
+        self.ready.push(down);
+        if !self.batches || self.ready.len() >= MAX_BATCH {
+            return self.send_ready(answers).await;
         }
         true
     }
 
-    /// Sends the answers ready, the first carrying the others in `more`.
+    /// Sends the answers ready, the first carrying the others in `more`,
+    /// then starts the waits for the prefill outcomes promised in them.
     /// False once nobody reads answers.
     async fn send_ready(&mut self, answers: &mpsc::Sender<Result<SessionDown, Status>>) -> bool {
         let mut ready = self.ready.drain(..);
@@ -155,7 +154,15 @@ impl FilterSession {
         };
         first.more = ready.collect();
         self.engine.metrics().session_answers(1 + first.more.len());
-        answers.send(Ok(first)).await.is_ok()
+        if answers.send(Ok(first)).await.is_err() {
+            return false;
+        }
+        // Each outcome goes after its decision (the filter must know the
+        // ticket awaits one before it comes): only now are they sent.
+        for ticket in std::mem::take(&mut self.outcomes_due) {
+            self.send_prefill_outcome(ticket, answers);
+        }
+        true
     }
 
     /// Sends the outcome of `ticket`'s prefill half once it has ended,
@@ -455,7 +462,8 @@ mod tests {
             ends: Vec::new(),
         };
         assert!(s.handle(up, &answers).await);
-        // At once, batches or not: its outcome must come after it.
+        // Batched answers go when the questions read together are answered.
+        assert!(s.send_ready(&answers).await);
         let down = filter.try_recv().expect("the decision went").unwrap();
         (
             down,
@@ -498,16 +506,49 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn to_a_filter_reading_batches_a_pd_decision_goes_before_its_outcome() {
-        let (down, mut filter) = pd_question(true, true).await;
-        assert_eq!(tickets(&down), [2]);
-        assert!(decision_of(&down).prefill_follows);
-        let next = tokio::time::timeout(std::time::Duration::from_secs(5), filter.answers.recv())
-            .await
-            .expect("the outcome comes")
-            .unwrap()
-            .unwrap();
-        assert!(next.prefill.is_some() && next.route.is_none());
+    async fn batched_pd_decisions_go_before_their_outcomes() {
+        let engine = Arc::new(crate::engine::tests::pd_engine());
+        let (tx, mut rx) = mpsc::channel(8);
+        let registration = Arc::new(Sessions::default()).open(tx.clone());
+        let mut s = FilterSession::new(engine, registration, true);
+        for ticket in [2, 3] {
+            let up = SessionUp {
+                kind: Some(Kind::Route(RouteRequest {
+                    path: "/generate".into(),
+                    method: "POST".into(),
+                    routing_text: b"hello".to_vec(),
+                    body: br#"{"text":"hello"}"#.to_vec(),
+                    ticket,
+                    prefill_follows: true,
+                    ..Default::default()
+                })),
+                ack_end: false,
+                ends: Vec::new(),
+            };
+            assert!(s.handle(up, &tx).await);
+        }
+        // The prefill "server" is a closed port: an outcome would come at
+        // once if its wait had started before its decision went.
+        let early = tokio::time::timeout(std::time::Duration::from_millis(300), rx.recv()).await;
+        assert!(early.is_err(), "nothing before the batch: {early:?}");
+        assert!(s.send_ready(&tx).await);
+        let down = rx.recv().await.unwrap().unwrap();
+        assert_eq!(tickets(&down), [2, 3]);
+        assert!(std::iter::once(&down)
+            .chain(&down.more)
+            .all(|d| decision_of(d).prefill_follows));
+        let mut outcomes = Vec::new();
+        for _ in 0..2 {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+                .await
+                .expect("the outcomes come")
+                .unwrap()
+                .unwrap();
+            assert!(next.prefill.is_some() && next.route.is_none());
+            outcomes.push(next.ticket);
+        }
+        outcomes.sort();
+        assert_eq!(outcomes, [2, 3]);
     }
 
     #[tokio::test]
