@@ -100,14 +100,7 @@ async fn dp_ranks_have_separate_caches() {
     let (d, _) = generate(&sim, &text, Some(1)).await;
     assert_eq!(d["cached_tokens"], 50);
     assert_eq!(sim.stats().await["by_rank"], json!([2, 2]));
-    let (_, log) = sim.get("/_sim/requests").await;
-    let ranks: Vec<&Value> = log
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| &r["dp_rank"])
-        .collect();
-    assert_eq!(ranks, [0, 1, 0, 1]);
+    assert_eq!(sim.ranks_run().await, [0, 1, 0, 1]);
 
     // Unpinned (and out-of-range) requests alternate between ranks.
     generate(&sim, "q", None).await;

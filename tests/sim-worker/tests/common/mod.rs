@@ -76,6 +76,17 @@ impl Sim {
         self.get("/_sim/stats").await.1
     }
 
+    /// The DP rank each request ran on, in the order of the request log
+    /// (`/_sim/requests`).
+    pub async fn ranks_run(&self) -> Vec<Value> {
+        let (_, log) = self.get("/_sim/requests").await;
+        log.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["dp_rank"].clone())
+            .collect()
+    }
+
     /// Waits until `/_sim/stats` reports nothing in flight and `/get_load`
     /// nothing running; false on timeout.
     pub async fn idle(&self) -> bool {

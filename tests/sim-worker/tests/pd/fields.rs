@@ -104,14 +104,7 @@ async fn seeds_ranks_follow_explicit_fields_or_the_room() {
     assert_eq!(ds["by_rank"], json!([0, 0, 1, 1]), "{ds}");
     assert_eq!(ds["kv_fetched_by_rank"], json!([0, 0, 1, 1]), "{ds}");
     // The request log says where each ran.
-    let (_, log) = p.decode.get("/_sim/requests").await;
-    let ranks: Vec<&Value> = log
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| &r["dp_rank"])
-        .collect();
-    assert_eq!(ranks, [&json!(2), &json!(3)]);
+    assert_eq!(p.decode.ranks_run().await, [json!(2), json!(3)]);
 }
 
 #[tokio::test]
