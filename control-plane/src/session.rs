@@ -79,14 +79,19 @@ impl FilterSession {
         // is ready: a message waiting costs nothing more than before.
         let drained = self.registration.drained();
         tokio::pin!(drained);
+        // The read that ended a batch, when it was the stream's end.
+        let mut ended = None;
         loop {
-            let message = tokio::select! {
-                biased;
-                message = incoming.message() => message,
-                () = &mut drained => {
-                    let _ = answers.send(Err(shutdown::refusal())).await;
-                    break;
-                }
+            let message = match ended.take() {
+                Some(end) => end,
+                None => tokio::select! {
+                    biased;
+                    message = incoming.message() => message,
+                    () = &mut drained => {
+                        let _ = answers.send(Err(shutdown::refusal())).await;
+                        break;
+                    }
+                },
             };
             let up = match message {
                 Ok(Some(up)) => up,
@@ -104,8 +109,13 @@ impl FilterSession {
             while open && self.batches {
                 match incoming.message().now_or_never() {
                     Some(Ok(Some(up))) => open = self.handle(up, &answers).await,
-                    // Not ready (or the end, or an error: read again above).
-                    _ => break,
+                    // The stream's end (or error), taken above once the
+                    // batch has gone.
+                    Some(end) => {
+                        ended = Some(end);
+                        break;
+                    }
+                    None => break,
                 }
             }
             if !open || !self.send_ready(&answers).await {
@@ -440,13 +450,13 @@ mod tests {
 
     /// A PD question asked on the session with `prefill_follows` (of the
     /// `pd` engine): its decision and what comes down after it.
-    async fn pd_question(prefill_follows: bool, batches: bool) -> (SessionDown, Filter) {
+    async fn pd_question(prefill_follows: bool) -> (SessionDown, Filter) {
         let engine = Arc::new(crate::engine::tests::pd_engine());
         let (answers, mut filter) = mpsc::channel(4);
         let mut s = FilterSession::new(
             engine,
             Arc::new(Sessions::default()).open(answers.clone()),
-            batches,
+            false,
         );
         let up = SessionUp {
             kind: Some(Kind::Route(RouteRequest {
@@ -462,8 +472,6 @@ mod tests {
             ends: Vec::new(),
         };
         assert!(s.handle(up, &answers).await);
-        // Batched answers go when the questions read together are answered.
-        assert!(s.send_ready(&answers).await);
         let down = filter.try_recv().expect("the decision went").unwrap();
         (
             down,
@@ -491,7 +499,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_prefill_outcome_asked_for_with_the_question_comes_unasked_after_its_decision() {
-        let (down, mut filter) = pd_question(true, false).await;
+        let (down, mut filter) = pd_question(true).await;
         let d = decision_of(&down);
         assert!(d.await_prefill && d.prefill_follows);
         // The prefill "server" is a closed port: it fails fast.
@@ -553,7 +561,7 @@ mod tests {
 
     #[tokio::test]
     async fn without_prefill_follows_the_outcome_waits_to_be_asked() {
-        let (down, mut filter) = pd_question(false, false).await;
+        let (down, mut filter) = pd_question(false).await;
         let d = decision_of(&down);
         assert!(d.await_prefill && !d.prefill_follows);
         let next =
