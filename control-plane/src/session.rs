@@ -448,6 +448,24 @@ mod tests {
         assert_eq!(settling.await.unwrap(), 0, "every session answered");
     }
 
+    /// A PD routing question with `ticket`, promised its prefill's outcome
+    /// unasked when `prefill_follows`.
+    fn pd_up(ticket: u64, prefill_follows: bool) -> SessionUp {
+        SessionUp {
+            kind: Some(Kind::Route(RouteRequest {
+                path: "/generate".into(),
+                method: "POST".into(),
+                routing_text: b"hello".to_vec(),
+                body: br#"{"text":"hello"}"#.to_vec(),
+                ticket,
+                prefill_follows,
+                ..Default::default()
+            })),
+            ack_end: false,
+            ends: Vec::new(),
+        }
+    }
+
     /// A PD question asked on the session with `prefill_follows` (of the
     /// `pd` engine): its decision and what comes down after it.
     async fn pd_question(prefill_follows: bool) -> (SessionDown, Filter) {
@@ -458,20 +476,7 @@ mod tests {
             Arc::new(Sessions::default()).open(answers.clone()),
             false,
         );
-        let up = SessionUp {
-            kind: Some(Kind::Route(RouteRequest {
-                path: "/generate".into(),
-                method: "POST".into(),
-                routing_text: b"hello".to_vec(),
-                body: br#"{"text":"hello"}"#.to_vec(),
-                ticket: 2,
-                prefill_follows,
-                ..Default::default()
-            })),
-            ack_end: false,
-            ends: Vec::new(),
-        };
-        assert!(s.handle(up, &answers).await);
+        assert!(s.handle(pd_up(2, prefill_follows), &answers).await);
         let down = filter.try_recv().expect("the decision went").unwrap();
         (
             down,
@@ -520,20 +525,7 @@ mod tests {
         let registration = Arc::new(Sessions::default()).open(tx.clone());
         let mut s = FilterSession::new(engine, registration, true);
         for ticket in [2, 3] {
-            let up = SessionUp {
-                kind: Some(Kind::Route(RouteRequest {
-                    path: "/generate".into(),
-                    method: "POST".into(),
-                    routing_text: b"hello".to_vec(),
-                    body: br#"{"text":"hello"}"#.to_vec(),
-                    ticket,
-                    prefill_follows: true,
-                    ..Default::default()
-                })),
-                ack_end: false,
-                ends: Vec::new(),
-            };
-            assert!(s.handle(up, &tx).await);
+            assert!(s.handle(pd_up(ticket, true), &tx).await);
         }
         // The prefill "server" is a closed port: an outcome would come at
         // once if its wait had started before its decision went.
