@@ -304,17 +304,18 @@ mod tests {
     use crate::engine::EngineOptions;
     use crate::sessions::Sessions;
 
-    fn session() -> (FilterSession, Arc<Engine>) {
-        let engine = Arc::new(engine_with(
+    /// An engine with one regular worker.
+    fn one_worker() -> Arc<Engine> {
+        Arc::new(engine_with(
             EngineOptions::default(),
             &[(1, WorkerSpec::REGULAR, None)],
-        ));
-        let (answers, _) = tokio::sync::mpsc::channel(1);
-        let registration = Arc::new(Sessions::default()).open(answers);
-        (
-            FilterSession::new(engine.clone(), registration, false),
-            engine,
-        )
+        ))
+    }
+
+    fn session() -> (FilterSession, Arc<Engine>) {
+        let engine = one_worker();
+        let (s, _answers) = session_on(engine.clone(), false);
+        (s, engine)
     }
 
     type Answers = (
@@ -322,16 +323,17 @@ mod tests {
         mpsc::Receiver<Result<SessionDown, Status>>,
     );
 
-    /// A session whose filter reads batches (`batches`) or not, and the
-    /// channel its answers go down.
-    fn session_to(batches: bool) -> (FilterSession, Answers) {
-        let engine = Arc::new(engine_with(
-            EngineOptions::default(),
-            &[(1, WorkerSpec::REGULAR, None)],
-        ));
+    /// A session on `engine` whose filter reads batches (`batches`) or
+    /// not, and the channel its answers go down.
+    fn session_on(engine: Arc<Engine>, batches: bool) -> (FilterSession, Answers) {
         let (tx, rx) = mpsc::channel(64);
         let registration = Arc::new(Sessions::default()).open(tx.clone());
         (FilterSession::new(engine, registration, batches), (tx, rx))
+    }
+
+    /// [`session_on`] the one-worker engine.
+    fn session_to(batches: bool) -> (FilterSession, Answers) {
+        session_on(one_worker(), batches)
     }
 
     fn tickets(down: &SessionDown) -> Vec<u64> {
@@ -426,10 +428,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_synced_answers_the_settle_that_asked_and_nothing_goes_down() {
-        let engine = Arc::new(engine_with(
-            EngineOptions::default(),
-            &[(1, WorkerSpec::REGULAR, None)],
-        ));
+        let engine = one_worker();
         let sessions = Arc::new(Sessions::default());
         let (answers, mut filter) = tokio::sync::mpsc::channel(4);
         let mut s = FilterSession::new(engine, sessions.open(answers), false);
@@ -470,12 +469,7 @@ mod tests {
     /// `pd` engine): its decision and what comes down after it.
     async fn pd_question(prefill_follows: bool) -> (SessionDown, Filter) {
         let engine = Arc::new(crate::engine::tests::pd_engine());
-        let (answers, mut filter) = mpsc::channel(4);
-        let mut s = FilterSession::new(
-            engine,
-            Arc::new(Sessions::default()).open(answers.clone()),
-            false,
-        );
+        let (mut s, (answers, mut filter)) = session_on(engine, false);
         assert!(s.handle(pd_up(2, prefill_follows), &answers).await);
         let down = filter.try_recv().expect("the decision went").unwrap();
         (
@@ -521,9 +515,7 @@ mod tests {
     #[tokio::test]
     async fn batched_pd_decisions_go_before_their_outcomes() {
         let engine = Arc::new(crate::engine::tests::pd_engine());
-        let (tx, mut rx) = mpsc::channel(8);
-        let registration = Arc::new(Sessions::default()).open(tx.clone());
-        let mut s = FilterSession::new(engine, registration, true);
+        let (mut s, (tx, mut rx)) = session_on(engine, true);
         for ticket in [2, 3] {
             assert!(s.handle(pd_up(ticket, true), &tx).await);
         }
